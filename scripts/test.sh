@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv (idempotent) and run it.
+# This is the README test command; .ci/run calls it on a clean checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+$VPY -m pip install -q -U pip wheel
+$VPY -m pip install -q torch==2.13.0            # local CPU wheel on the project machines
+$VPY -m pip install -q -e ".[torch,export,serve,hub,plot,reference,dev]"
+# The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
+# gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/official.py).
+$VPY -m pip install -q --no-deps qwen-tts==0.1.1
+if [ -f scripts/setup_rknn_env.sh ]; then
+  bash scripts/setup_rknn_env.sh
+fi
+exec $VPY -m pytest -q "$@"
