@@ -1,0 +1,141 @@
+"""Per-call options: sampling parameters and synthesis options (frozen dataclasses).
+
+``None`` always means "the model default": the checkpoint's ``generation_config.json``
+(read into :class:`qtts.config.GenerationConfig`), or the official wrapper's default where the
+file has no such value. :meth:`SynthesisOptions.resolve` turns the ``None`` fields into
+concrete values, so the generation loop never sees a ``None`` sampling parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one token is chosen from logits (talker codebook 0, or the code predictor).
+
+    Semantics follow Hugging Face ``generate`` (see :mod:`qtts.sampling` and docs/text.md).
+    """
+
+    # False = greedy argmax (still after repetition penalty / suppression, like HF).
+    do_sample: bool | None = None
+    # Logits are divided by it before top-k/top-p; < 1 sharpens, > 1 flattens. Official 0.9.
+    temperature: float | None = None
+    # Keep only the k most likely ids (ties at the k-th value are kept, as in HF); 0 = off.
+    top_k: int | None = None
+    # Nucleus: smallest set whose probability reaches top_p (HF semantics); 1.0 = off.
+    top_p: float | None = None
+    # HF penalty over the ids generated so far (talker only in the official code; 1.0 = off).
+    repetition_penalty: float | None = None
+
+    def merged(self, defaults: SamplingParams) -> SamplingParams:
+        """Fill every ``None`` field from ``defaults`` and validate the result."""
+        values = {
+            f.name: getattr(defaults, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        }
+        out = SamplingParams(**values)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        """Raise InputError for out-of-range values (``None`` fields are not checked)."""
+        if self.temperature is not None and not self.temperature > 0:
+            raise InputError(f"temperature must be > 0, got {self.temperature}; use greedy for argmax")
+        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 0):
+            raise InputError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise InputError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+
+
+def talker_defaults(gen) -> SamplingParams:
+    """Codebook-0 defaults from a :class:`qtts.config.GenerationConfig` (or None: official values)."""
+    from .config import GenerationConfig
+
+    g = gen if gen is not None else GenerationConfig()
+    return SamplingParams(
+        do_sample=bool(g.do_sample),
+        temperature=float(g.temperature),
+        top_k=int(g.top_k),
+        top_p=float(g.top_p),
+        repetition_penalty=float(g.repetition_penalty),
+    )
+
+
+def subtalker_defaults(gen) -> SamplingParams:
+    """Code-predictor defaults; the official code applies no repetition penalty there."""
+    from .config import GenerationConfig
+
+    g = gen if gen is not None else GenerationConfig()
+    return SamplingParams(
+        do_sample=bool(g.subtalker_dosample),
+        temperature=float(g.subtalker_temperature),
+        top_k=int(g.subtalker_top_k),
+        top_p=float(g.subtalker_top_p),
+        repetition_penalty=1.0,
+    )
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Everything about one synthesis call that is not the text or the voice."""
+
+    # Codebook 0 (talker): None fields come from generation_config.json.
+    talker: SamplingParams = field(default_factory=SamplingParams)
+    # Codebooks 1..15 (code predictor): the subtalker_* values of generation_config.json.
+    subtalker: SamplingParams = field(default_factory=SamplingParams)
+    # Seeds the numpy Generator so a call is reproducible; None = fresh entropy each call.
+    seed: int | None = None
+    # Shortcut for do_sample=False on both stages (deterministic; what parity tests use).
+    greedy: bool = False
+    # Frame budget per text piece; None = the documented formula in qtts.generate (runaway guard).
+    max_frames: int | None = None
+    # Language name ('auto', 'english', ...); None = 'auto' unless the call passes one.
+    language: str | None = None
+    # Text layout: True = whole text in the prefill, False = text fed one token per frame;
+    # None = the official wrapper default (False for voice clone, True for CustomVoice/VoiceDesign).
+    non_streaming_text: bool | None = None
+    # Frames decoded for the first audio chunk: small = low time-to-first-audio (2 = 160 ms).
+    first_chunk_frames: int = 2
+    # Frames per later chunk: larger = fewer decoder calls, more latency per chunk.
+    chunk_frames: int = 8
+    # Split long text at sentence boundaries; each piece gets its own budget (limits drift).
+    split_sentences: bool = True
+    # Pieces are at most this many characters when splitting (long prompts drift and run away).
+    max_sentence_chars: int = 200
+    # Seconds of silence appended to the ICL reference audio: stops reference-audio bleed.
+    trailing_silence: float = 0.0
+    # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
+    watchdog: bool = True
+
+    def validate(self) -> None:
+        """Raise InputError naming the bad field and its valid range."""
+        self.talker.validate()
+        self.subtalker.validate()
+        if self.max_frames is not None and self.max_frames < 1:
+            raise InputError(f"max_frames must be >= 1 (or None for the automatic budget), got {self.max_frames}")
+        if self.first_chunk_frames < 1 or self.chunk_frames < 1:
+            raise InputError(
+                f"first_chunk_frames and chunk_frames must be >= 1, got "
+                f"{self.first_chunk_frames} and {self.chunk_frames}"
+            )
+        if self.max_sentence_chars < 8:
+            raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
+        if not 0.0 <= self.trailing_silence <= 5.0:
+            raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
+
+    def resolve(self, generation_config=None) -> SynthesisOptions:
+        """A copy whose talker/subtalker params are concrete (greedy applied)."""
+        self.validate()
+        talker = self.talker.merged(talker_defaults(generation_config))
+        subtalker = self.subtalker.merged(subtalker_defaults(generation_config))
+        if self.greedy:
+            talker = dataclasses.replace(talker, do_sample=False)
+            subtalker = dataclasses.replace(subtalker, do_sample=False)
+        return dataclasses.replace(self, talker=talker, subtalker=subtalker)
