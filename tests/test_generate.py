@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import numpy as np
 import pytest
@@ -18,19 +18,10 @@ from qtts.generate import (
     generate,
     pick_code0,
 )
+from qtts.options import SamplingParams
 
-
-@dataclass(frozen=True)
-class P:
-    do_sample: bool = False
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-
-
-GREEDY = P()
-SAMPLE = P(do_sample=True)
+GREEDY = SamplingParams(do_sample=False, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+SAMPLE = dataclasses.replace(GREEDY, do_sample=True)
 
 
 def params(max_frames=30, sample=False, seed=None, watchdog=None, **kw) -> LoopParams:

@@ -21,12 +21,15 @@ codes on every backend that computes the same probabilities (sampling is inverse
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from . import sampling
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class Watchdog:
 class LoopParams:
     """Everything the loop needs besides the backend and the prompt."""
 
-    #: sampling for codebook 0 (talker) and for codebooks 1..15 (predictor)
+    #: concrete :class:`~qtts.options.SamplingParams` for codebook 0 (talker) and 1..15 (predictor)
     talker: Any
     residual: Any
     #: frame budget; the loop yields at most this many frames
@@ -99,51 +102,26 @@ class LoopParams:
     watchdog: WatchdogParams | None = field(default_factory=WatchdogParams)
 
 
-# TODO(synthesis): switch to qtts.sampling once it lands (temporary local copies)
-def _repetition_penalty(scores: np.ndarray, history: list[int], penalty: float) -> np.ndarray:
-    if penalty == 1.0 or not history:
-        return scores
-    ids = np.unique(np.asarray(history, dtype=np.int64))
-    s = scores[ids]
-    scores[ids] = np.where(s < 0, s * penalty, s / penalty)
-    return scores
-
-
-def _pick(scores: np.ndarray, params: Any, u: float) -> int:
-    if not params.do_sample:
-        return int(np.argmax(scores))
-    x = scores.astype(np.float64) / max(params.temperature, 1e-6)
-    if params.top_k and params.top_k < len(x):
-        kth = np.partition(x, -params.top_k)[-params.top_k]
-        x = np.where(x < kth, -np.inf, x)
-    order = np.argsort(-x, kind="stable")
-    p = np.exp(x[order] - x[order[0]])
-    p /= p.sum()
-    if params.top_p < 1.0:
-        cum = np.cumsum(p)
-        keep = cum - p < params.top_p
-        keep[0] = True
-        p = np.where(keep, p, 0.0)
-        p /= p.sum()
-    idx = int(np.searchsorted(np.cumsum(p), u * (1.0 - 1e-12), side="right"))
-    return int(order[min(idx, len(order) - 1)])
-
-
 def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams, u: float) -> int:
-    """Codebook 0 from talker logits, in the official processor order."""
-    scores = np.array(logits, dtype=np.float32, copy=True)
-    scores = _repetition_penalty(scores, history, lp.talker.repetition_penalty)
-    if step < lp.min_frames:
-        scores[lp.eos_id] = -np.inf
-    keep_eos = scores[lp.eos_id]
-    scores[lp.suppress_from :] = -np.inf
-    scores[lp.eos_id] = keep_eos
-    return _pick(scores, lp.talker, u)
+    """Codebook 0 from talker logits, in the official processor order (see :mod:`qtts.sampling`).
+
+    ``history`` is the code-0 ids generated so far (``step == len(history)``): repetition
+    penalty over them, EOS blocked while ``step < min_frames``, ids ``suppress_from..`` except
+    EOS suppressed, then temperature/top-k/top-p and an inverse-CDF draw with ``u``.
+    """
+    rules = _talker_rules(len(logits), lp.eos_id, lp.suppress_from, lp.min_frames)
+    return sampling.sample(logits, lp.talker, u, history, rules)
+
+
+@functools.lru_cache(maxsize=8)
+def _talker_rules(vocab: int, eos_id: int, suppress_from: int, min_frames: int) -> sampling.TokenRules:
+    ids = tuple(i for i in range(suppress_from, vocab) if i != eos_id)
+    return sampling.TokenRules(suppress_ids=ids, eos_id=eos_id, min_new_tokens=min_frames)
 
 
 def pick_residual(logits: np.ndarray, params: Any, u: float) -> int:
-    """One code-predictor code: no penalty, no suppression."""
-    return _pick(np.asarray(logits, dtype=np.float32), params, u)
+    """One code-predictor code: no penalty, no suppression (``params.repetition_penalty`` is 1)."""
+    return sampling.sample(logits, params, u)
 
 
 def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarray:
