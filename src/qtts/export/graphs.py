@@ -1,0 +1,267 @@
+"""Tiny export wrappers over the core model (like kokoro's ``KModelForONNX``).
+
+Each wrapper holds references to the core modules' weights (attribute paths == checkpoint keys)
+and re-expresses the forward pass with ONNX-friendly, fixed-rank ops. Two onnxruntime contrib ops
+are emitted through ``torch.autograd.Function.symbolic`` so the runtime gets fused kernels:
+
+* ``SimplifiedLayerNormalization`` (RMSNorm, fp32 statistics) for every RMSNorm, including the
+  per-head q/k norms;
+* ``com.microsoft::GroupQueryAttention`` (GQA) with RoPE inside (``do_rotary=1``, rotate-half),
+  a ``[1, kv_heads, L, head_dim]`` past/present KV pair per layer, ``seqlens_k = pos + T - 1``
+  and ``total_sequence_length = pos + T``. When the runtime binds the *same* buffer to past and
+  present (I/O binding), GQA writes only the new slots in place: no KV copy per step.
+
+In torch (tracing, parity tests) the same functions run a plain reference implementation, so
+``wrapper(...)`` equals the core model's ``forward`` up to float rounding.
+
+Graphs:
+
+* :class:`TalkerGraph`: ``embeds [1,T,H]`` at explicit start position ``pos`` -> logits and
+  final-normed hidden of the **last** position + presents (prefill and decode step are the same
+  graph with a dynamic ``T``).
+* :class:`PredictorStepGraph`: one code-predictor call (T=2 prefill or T=1 step) -> the hidden
+  state and all 15 ``lm_head`` logits as separate outputs (the runtime fetches only head ``j``).
+* :class:`PredictorFrameGraph`: the whole frame (prefill + 14 steps, 15 heads) unrolled in one
+  graph with in-graph greedy / inverse-CDF top-k/top-p sampling driven by host uniforms.
+* :class:`TextProjectionGraph`: ``text_projection`` over host-gathered ``text_embedding`` rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ---------------------------------------------------------------------------- contrib-op functions
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float):
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    @staticmethod
+    def symbolic(g, x, weight, eps: float):
+        return g.op("SimplifiedLayerNormalization", x, weight, axis_i=-1, epsilon_f=eps, stash_type_i=1)
+
+
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """RMSNorm with the core module's weight/eps (normalise in fp32, then scale)."""
+    return _RMSNorm.apply(x, norm.weight, float(norm.eps))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B,heads,T,hd]; cos/sin [T, hd/2] (rotate-half convention)."""
+    cos = torch.cat((cos, cos), dim=-1)
+    sin = torch.cat((sin, sin), dim=-1)
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class _GQA(torch.autograd.Function):
+    """GroupQueryAttention with in-op RoPE over a fixed-size past/present KV buffer."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int):
+        b, t, _ = q.shape
+        hd = past_k.shape[-1]
+        pos = int(total_len) - t
+        cos, sin = cos_cache[pos : pos + t], sin_cache[pos : pos + t]
+        q = _rope(q.view(b, t, heads, hd).transpose(1, 2), cos, sin)
+        k = _rope(k.view(b, t, kv_heads, hd).transpose(1, 2), cos, sin)
+        v = v.view(b, t, kv_heads, hd).transpose(1, 2)
+        present_k, present_v = past_k.clone(), past_v.clone()
+        present_k[:, :, pos : pos + t] = k
+        present_v[:, :, pos : pos + t] = v
+        groups = heads // kv_heads
+        keys = present_k[:, :, : pos + t].repeat_interleave(groups, dim=1)
+        values = present_v[:, :, : pos + t].repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * hd**-0.5
+        qpos = torch.arange(t)[:, None] + pos
+        kpos = torch.arange(pos + t)[None, :]
+        scores = scores.masked_fill(kpos > qpos, torch.finfo(scores.dtype).min)
+        out = torch.matmul(F.softmax(scores.float(), dim=-1).to(q.dtype), values)
+        return out.transpose(1, 2).reshape(b, t, heads * hd), present_k, present_v
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int):
+        out, pk, pv = g.op(
+            "com.microsoft::GroupQueryAttention",
+            q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
+            num_heads_i=heads, kv_num_heads_i=kv_heads, do_rotary_i=1, rotary_interleaved_i=0,
+            outputs=3,
+        )  # fmt: skip
+        out.setType(q.type())
+        pk.setType(past_k.type())
+        pv.setType(past_v.type())
+        return out, pk, pv
+
+
+def rope_tables(max_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin caches ``[max_len, head_dim/2]`` in fp32 (same formula as ``layers.rope_cos_sin``)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = torch.arange(max_len).float()[:, None] * inv_freq[None, :]
+    return freqs.cos(), freqs.sin()
+
+
+# ---------------------------------------------------------------------------- decoder stack
+
+
+class FusedLayer(nn.Module):
+    """One Qwen3 decoder layer with q/k/v and gate/up projections concatenated (fewer, larger GEMVs)."""
+
+    def __init__(self, layer: nn.Module, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        att, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], 0).detach()
+        self.qkv = nn.Parameter(w.t().contiguous(), requires_grad=False)  # [H, (h+2kvh)*hd]
+        self.o = nn.Parameter(att.o_proj.weight.detach().t().contiguous(), requires_grad=False)
+        gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0).detach()
+        self.gate_up = nn.Parameter(gu.t().contiguous(), requires_grad=False)
+        self.down = nn.Parameter(mlp.down_proj.weight.detach().t().contiguous(), requires_grad=False)
+        self.input_layernorm = layer.input_layernorm
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.q_norm, self.k_norm = att.q_norm, att.k_norm
+        self.intermediate = mlp.gate_proj.weight.shape[0]
+
+    def forward(self, x, past_k, past_v, seqlens_k, total_len, cos, sin):
+        b, t, _ = x.shape
+        hd, nq, nk = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = torch.matmul(rms_norm(x, self.input_layernorm), self.qkv)
+        q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+        q = rms_norm(q.reshape(b, t, self.heads, hd), self.q_norm).reshape(b, t, nq)
+        k = rms_norm(k.reshape(b, t, self.kv_heads, hd), self.k_norm).reshape(b, t, nk)
+        att, pk, pv = _GQA.apply(q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, self.heads, self.kv_heads)
+        x = x + torch.matmul(att, self.o)
+        gu = torch.matmul(rms_norm(x, self.post_attention_layernorm), self.gate_up)
+        gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
+        return x + torch.matmul(F.silu(gate) * up, self.down), pk, pv
+
+
+def fused_layers(layers, cfg) -> nn.ModuleList:
+    return nn.ModuleList(
+        FusedLayer(layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for layer in layers
+    )
+
+
+def _run_layers(layers, x, pasts, seqlens_k, total_len, cos, sin):
+    presents = []
+    for i, layer in enumerate(layers):
+        x, pk, pv = layer(x, pasts[2 * i], pasts[2 * i + 1], seqlens_k, total_len, cos, sin)
+        presents += [pk, pv]
+    return x, presents
+
+
+def kv_names(num_layers: int, prefix: str) -> list[str]:
+    """``[f"{prefix}_key_0", f"{prefix}_value_0", ...]`` in graph input/output order."""
+    return [f"{prefix}_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
+
+
+class TalkerGraph(nn.Module):
+    """Talker prefill/step: ``(embeds [1,T,H], seqlens_k [1] i32, total_len [] i32, cos, sin, *past)``
+    -> ``(logits [1,vocab], hidden [1,H], *present)`` for the last of the ``T`` positions."""
+
+    def __init__(self, talker: nn.Module):
+        super().__init__()
+        self.cfg = talker.cfg
+        self.layers = fused_layers(talker.model.layers, self.cfg)
+        self.norm = talker.model.norm
+        self.head = nn.Parameter(talker.codec_head.weight.detach().t().contiguous(), requires_grad=False)
+
+    def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
+        x, presents = _run_layers(self.layers, embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache)
+        hidden = rms_norm(x[:, -1], self.norm)  # [1, H]
+        return (torch.matmul(hidden, self.head), hidden, *presents)
+
+
+class PredictorStepGraph(nn.Module):
+    """One code-predictor call: ``(embeds [1,T,H_talker], seqlens_k, total_len, cos, sin, *past)``
+    -> ``(logits_0 .. logits_14 [1,2048], *present)`` of the last position."""
+
+    def __init__(self, predictor: nn.Module):
+        super().__init__()
+        self.cfg = predictor.cfg
+        self.proj = predictor.small_to_mtp_projection
+        self.layers = fused_layers(predictor.model.layers, self.cfg)
+        self.norm = predictor.model.norm
+        self.heads = nn.ParameterList(
+            nn.Parameter(h.weight.detach().t().contiguous(), requires_grad=False) for h in predictor.lm_head
+        )
+
+    def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
+        x, presents = _run_layers(self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache)
+        hidden = rms_norm(x[:, -1], self.norm)
+        return (*[torch.matmul(hidden, w) for w in self.heads], *presents)
+
+
+def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
+    """Greedy argmax, or inverse-CDF sampling over temperature/top-k/top-p (``generate._pick``) for one row.
+
+    ``logits [1,V]``, ``u [1]``, ``temperature [1]``, ``top_k [1] int64`` (1..V), ``top_p [1]``,
+    ``do_sample [1] bool`` -> code ``[1] int64``.
+    """
+    greedy = torch.argmax(logits, dim=-1)
+    vals, idx = torch.topk(logits / temperature, int(logits.shape[-1]), dim=-1)  # sorted, descending
+    rank = torch.arange(vals.shape[-1])[None, :]
+    vals = torch.where(rank < top_k, vals, torch.full_like(vals, float("-inf")))
+    p = torch.softmax(vals, dim=-1)
+    keep = (torch.cumsum(p, dim=-1) - p < top_p) | (rank == 0)
+    p = torch.where(keep, p, torch.zeros_like(p))
+    cdf = torch.cumsum(p, dim=-1)
+    n = torch.sum((cdf <= u * cdf[:, -1:] * (1.0 - 1e-7)).to(torch.int64), dim=-1)
+    n = torch.clamp(n, max=int(logits.shape[-1]) - 1)
+    sampled = torch.gather(idx, 1, n[:, None])[:, 0]
+    return torch.where(do_sample, sampled, greedy)
+
+
+class PredictorFrameGraph(nn.Module):
+    """A whole frame: ``(hidden [1,H], code0 [1] i64, uniforms [15], temperature [1], top_k [1] i64,
+    top_p [1], do_sample [1] bool) -> codes [15] i64``. The 17-slot caches live inside the graph."""
+
+    def __init__(self, talker: nn.Module, max_len: int = 17):
+        super().__init__()
+        predictor = talker.code_predictor
+        self.cfg = cfg = predictor.cfg
+        self.step = PredictorStepGraph(predictor)
+        self.codec0 = nn.Parameter(talker.model.codec_embedding.weight.detach().clone(), requires_grad=False)
+        self.tables = nn.ParameterList(
+            nn.Parameter(e.weight.detach().clone(), requires_grad=False) for e in predictor.model.codec_embedding
+        )
+        cos, sin = rope_tables(max_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.max_len = max_len
+
+    def forward(self, hidden, code0, uniforms, temperature, top_k, top_p, do_sample):
+        cfg, step = self.cfg, self.step
+        shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
+        pasts = [torch.zeros(shape) for _ in range(2 * cfg.num_hidden_layers)]
+        x = torch.stack([hidden, self.codec0[code0]], dim=1)  # [1, 2, H_talker]
+        codes, pos = [], 0
+        for j in range(15):
+            t = x.shape[1]
+            seqlens = torch.tensor([pos + t - 1], dtype=torch.int32)
+            total = torch.tensor(pos + t, dtype=torch.int32)
+            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin)
+            logits = torch.matmul(rms_norm(h[:, -1], step.norm), step.heads[j])
+            code = pick_in_graph(logits, uniforms[j : j + 1], temperature, top_k, top_p, do_sample)
+            codes.append(code)
+            pos += t
+            if j < 14:
+                x = self.tables[j][code][:, None, :]  # [1, 1, H_talker]
+        return torch.cat(codes)
+
+
+class TextProjectionGraph(nn.Module):
+    """``text_projection`` (fc1 -> SiLU -> fc2) over ``rows [n, text_hidden]`` -> ``[n, H]``."""
+
+    def __init__(self, talker: nn.Module):
+        super().__init__()
+        self.proj = talker.text_projection
+
+    def forward(self, rows):
+        return self.proj(rows)

@@ -1,0 +1,215 @@
+"""Export the talker, code predictor and text projection to ONNX and write a bundle.
+
+A bundle directory holds the graphs (``*.onnx`` + one ``*.onnx.data`` external-data file each),
+numpy embedding tables (``tables/*.npy``, loaded with ``mmap_mode='r'``), the speech decoder
+artifacts (from :mod:`qtts.export.vocoder`), ``plan.json`` (per component impl / artifacts /
+precision) and ``manifest.json`` (source checkpoint hash, opset, graph inputs/outputs, precision
+per component, qtts version). Export is deterministic: the same checkpoint and options give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError, require
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+PRECISIONS = ("fp32", "int8", "int4")
+COMPONENTS = ("talker", "code_predictor", "speech_decoder")
+#: code-predictor graph flavours: one fused 15-step frame graph, or one graph per step
+PREDICTOR_MODES = ("frame", "step")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    #: weight precision of the talker stack and heads (MatMulNBits for int8/int4)
+    talker: str = "fp32"
+    #: weight precision of the code predictor (its 15 steps per frame dominate the frame time)
+    code_predictor: str = "fp32"
+    #: MatMulNBits quantization block size along K
+    block_size: int = 32
+    #: predictor graph flavour ("frame": fused 15 steps with in-graph sampling; "step": per step)
+    predictor_mode: str = "frame"
+    #: speech decoder steps (codes per call) for the "first" and "main" artifacts; 0 skips the vocoder
+    vocoder_first: int = 2
+    vocoder_main: int = 8
+    #: export only these components (default: all)
+    components: tuple = COMPONENTS
+
+
+# ---------------------------------------------------------------------------- low level
+
+
+def export_graph(module, args: tuple, path: str, inputs: list, outputs: list, dynamic_axes: dict) -> None:
+    """``torch.onnx.export`` (TorchScript exporter, opset 17) then a deterministic save to ``path``."""
+    torch = require("torch", "export", "ONNX export")
+    onnx = require("onnx", "export", "ONNX export")
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as tmp:
+        raw = os.path.join(tmp, "raw.onnx")
+        with torch.no_grad():
+            torch.onnx.export(
+                module, args, raw, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+                input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes,
+                custom_opsets={"com.microsoft": 1},
+            )  # fmt: skip
+        model = onnx.load(raw)
+    save_model(model, path)
+
+
+def save_model(model, path: str) -> None:
+    """Save with all weights in ``<name>.data`` next to ``path`` (atomic rename, no timestamps)."""
+    onnx = require("onnx", "export", "ONNX export")
+    model.producer_name, model.producer_version = "qtts", ""
+    for init in model.graph.initializer:  # drop stale external-data pointers from a previous save
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            raise InputError(f"{path}: load the model with its external data before saving it")
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(dir=directory)
+    try:
+        onnx.save_model(
+            model, os.path.join(tmp, name), save_as_external_data=True, all_tensors_to_one_file=True,
+            location=name + ".data", size_threshold=1024,
+        )  # fmt: skip
+        for fname in (name, name + ".data"):
+            src = os.path.join(tmp, fname)
+            if os.path.exists(src):
+                os.replace(src, os.path.join(directory, fname))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kv_dynamic(names: list) -> dict:
+    return {n: {2: "kv_len"} for n in names}
+
+
+# ---------------------------------------------------------------------------- per graph
+
+
+def export_talker(talker, path: str) -> dict:
+    """Talker prefill/step graph; returns its description for the manifest."""
+    import torch
+
+    from .graphs import TalkerGraph, kv_names, rope_tables
+
+    cfg = talker.cfg
+    n = cfg.num_hidden_layers
+    wrapper = TalkerGraph(talker).eval()
+    kv_len, t = 8, 3
+    cos, sin = rope_tables(kv_len, cfg.head_dim, cfg.rope_theta)
+    past = [torch.zeros(1, cfg.num_key_value_heads, kv_len, cfg.head_dim) for _ in range(2 * n)]
+    args = (torch.zeros(1, t, cfg.hidden_size), torch.tensor([t - 1], dtype=torch.int32),
+            torch.tensor(t, dtype=torch.int32), cos, sin, *past)  # fmt: skip
+    inputs = ["embeds", "seqlens_k", "total_len", "cos_cache", "sin_cache", *kv_names(n, "past")]
+    outputs = ["logits", "hidden", *kv_names(n, "present")]
+    dyn = {"embeds": {1: "T"}, "cos_cache": {0: "kv_len"}, "sin_cache": {0: "kv_len"}}
+    dyn.update(_kv_dynamic(kv_names(n, "past")))
+    dyn.update(_kv_dynamic(kv_names(n, "present")))
+    export_graph(wrapper, args, path, inputs, outputs, dyn)
+    return {"inputs": inputs[:5] + [f"past_{{key,value}}_0..{n - 1}"], "outputs": outputs[:2],
+            "kv": [1, cfg.num_key_value_heads, "kv_len", cfg.head_dim], "layers": n}  # fmt: skip
+
+
+def export_predictor_step(talker, path: str, max_len: int = 17) -> dict:
+    import torch
+
+    from .graphs import PredictorStepGraph, kv_names, rope_tables
+
+    cp = talker.code_predictor
+    cfg = cp.cfg
+    n = cfg.num_hidden_layers
+    wrapper = PredictorStepGraph(cp).eval()
+    cos, sin = rope_tables(max_len, cfg.head_dim, cfg.rope_theta)
+    past = [torch.zeros(1, cfg.num_key_value_heads, max_len, cfg.head_dim) for _ in range(2 * n)]
+    args = (torch.zeros(1, 2, talker.cfg.hidden_size), torch.tensor([1], dtype=torch.int32),
+            torch.tensor(2, dtype=torch.int32), cos, sin, *past)  # fmt: skip
+    inputs = ["embeds", "seqlens_k", "total_len", "cos_cache", "sin_cache", *kv_names(n, "past")]
+    heads = [f"logits_{j}" for j in range(cfg.num_code_groups - 1)]
+    outputs = [*heads, *kv_names(n, "present")]
+    export_graph(wrapper, args, path, inputs, outputs, {"embeds": {1: "T"}})
+    return {"inputs": inputs[:5] + [f"past_{{key,value}}_0..{n - 1}"], "outputs": heads,
+            "kv": [1, cfg.num_key_value_heads, max_len, cfg.head_dim], "layers": n}  # fmt: skip
+
+
+def export_predictor_frame(talker, path: str) -> dict:
+    import torch
+
+    from .graphs import PredictorFrameGraph
+
+    wrapper = PredictorFrameGraph(talker).eval()
+    args = (torch.zeros(1, talker.cfg.hidden_size), torch.zeros(1, dtype=torch.int64), torch.zeros(15),
+            torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.bool))  # fmt: skip
+    inputs = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
+    export_graph(wrapper, args, path, inputs, ["codes"], {})
+    return {"inputs": inputs, "outputs": ["codes"]}
+
+
+def export_text_projection(talker, path: str) -> dict:
+    import torch
+
+    from .graphs import TextProjectionGraph
+
+    wrapper = TextProjectionGraph(talker).eval()
+    args = (torch.zeros(2, talker.cfg.text_hidden_size),)
+    export_graph(wrapper, args, path, ["rows"], ["embeds"], {"rows": {0: "n"}, "embeds": {0: "n"}})
+    return {"inputs": ["rows"], "outputs": ["embeds"]}
+
+
+def write_tables(talker, directory: str) -> dict:
+    """Embedding tables as ``.npy`` (fp32): text rows, talker codec rows, 15 predictor tables."""
+    os.makedirs(directory, exist_ok=True)
+    tables = {
+        "text_embedding": talker.model.text_embedding.weight,
+        "codec_embedding": talker.model.codec_embedding.weight,
+        "predictor_codec_embedding": None,
+    }
+    out = {}
+    for name, weight in tables.items():
+        if weight is None:
+            arr = np.stack([e.weight.detach().float().numpy() for e in talker.code_predictor.model.codec_embedding])
+        else:
+            arr = weight.detach().float().numpy()
+        path = os.path.join(directory, name + ".npy")
+        _save_npy(path, np.ascontiguousarray(arr, dtype=np.float32))
+        out[name] = {"file": os.path.relpath(path, os.path.dirname(directory)), "shape": list(arr.shape)}
+    return out
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        np.save(fh, arr)
+    os.replace(tmp, path)
+
+
+def checkpoint_hash(model_dir: str) -> dict:
+    """sha256 of every ``*.safetensors`` file of a snapshot (relative path -> hex digest)."""
+    digests = {}
+    for root, _dirs, files in sorted(os.walk(model_dir)):
+        for fname in sorted(files):
+            if fname.endswith(".safetensors"):
+                path = os.path.join(root, fname)
+                h = hashlib.sha256()
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(block)
+                digests[os.path.relpath(path, model_dir)] = h.hexdigest()
+    return digests
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
