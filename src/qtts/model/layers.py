@@ -1,0 +1,173 @@
+"""Qwen3 building blocks shared by the talker and the code predictor.
+
+Pure torch. Numerics follow the official implementation (``qwen_tts`` 0.1.1 on transformers
+4.57.3):
+
+* RMSNorm: normalise in float32, cast back to the input dtype, then multiply by the weight.
+* RoPE: rotate-half convention, ``inv_freq = theta^(-2i/d)``, cos/sin computed in float32 and
+  cast to the activation dtype. The talker's interleaved M-RoPE with identical t/h/w position
+  streams (always the case for TTS) is exactly this plain 1-D RoPE.
+* Attention: GQA (kv head j serves q heads j*g .. j*g+g-1), per-head q/k RMSNorm before RoPE,
+  no biases, scale ``head_dim^-0.5``, softmax in float32.
+
+KV cache: one tensor per stack, ``[num_layers, 2, batch, num_kv_heads, max_len, head_dim]``.
+A call with ``T`` new vectors at start position ``pos`` writes slots ``pos .. pos+T-1`` (in
+place) and attends causally to slots ``0 .. pos+T-1``; the cache is returned and callers
+always use the returned tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """``theta^(-2i/head_dim)`` for i in 0..head_dim/2-1, float32 (same formula as HF 'default')."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponent)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[T, head_dim]`` for integer ``positions [T]`` (computed in fp32)."""
+    inv_freq = rope_inv_freq(head_dim, theta, device=positions.device)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, hd]; cos/sin: [T, hd]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def causal_mask(pos: int, t: int, device=None) -> torch.Tensor | None:
+    """Boolean mask ``[t, pos+t]`` (True = attend), or None when plain causal/full attention works."""
+    if t == 1:
+        return None  # one query attends to every cached slot 0..pos
+    q = torch.arange(t, device=device)[:, None] + pos
+    k = torch.arange(pos + t, device=device)[None, :]
+    return k <= q
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, H]
+        cos: torch.Tensor,  # [T, hd]
+        sin: torch.Tensor,
+        kv: torch.Tensor,  # [2, B, kvh, max_len, hd] (this layer's slice of the stack cache)
+        pos: int,
+        mask: torch.Tensor | None,  # [T, pos+T] bool or None
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        kv[0, :, :, pos : pos + t] = k
+        kv[1, :, :, pos : pos + t] = v
+        keys = _repeat_kv(kv[0, :, :, : pos + t], self.heads // self.kv_heads)
+        values = _repeat_kv(kv[1, :, :, : pos + t], self.heads // self.kv_heads)
+        out = _attend(q, keys, values, mask, self.head_dim**-0.5)  # [B, heads, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, kvh, S, hd] -> [B, kvh*groups, S, hd]; kv head j serves q heads j*groups .. j*groups+groups-1."""
+    if groups == 1:
+        return x
+    b, kvh, s, hd = x.shape
+    return x[:, :, None].expand(b, kvh, groups, s, hd).reshape(b, kvh * groups, s, hd)
+
+
+def _attend(q, k, v, mask, scale: float) -> torch.Tensor:
+    """Eager attention: fp32 softmax of scaled scores (official 'eager' numerics)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        """``cfg``: a TalkerConfig or PredictorConfig (hidden/intermediate/heads/kv heads/head_dim/eps)."""
+        super().__init__()
+        self.self_attn = Attention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        )
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv, pos: int, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, pos, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def new_kv_cache(cfg, max_len: int, batch: int = 1, dtype=None, device=None) -> torch.Tensor:
+    """Zeroed cache ``[num_layers, 2, batch, kv_heads, max_len, head_dim]`` for a stack described by ``cfg``."""
+    shape = (cfg.num_hidden_layers, 2, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+    return torch.zeros(shape, dtype=dtype or torch.float32, device=device)
+
+
+def run_stack(
+    layers: nn.ModuleList, norm: RMSNorm, x: torch.Tensor, pos: int, cache: torch.Tensor, cfg
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run decoder layers + final norm on ``x [B,T,H]`` at start position ``pos``; returns (hidden, cache)."""
+    t = x.shape[1]
+    pos = int(pos)
+    if pos < 0 or pos + t > cache.shape[4]:
+        raise ValueError(f"positions {pos}..{pos + t - 1} do not fit a KV cache of {cache.shape[4]} slots")
+    positions = torch.arange(pos, pos + t, device=x.device)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
+    mask = causal_mask(pos, t, device=x.device)
+    for i, layer in enumerate(layers):
+        x = layer(x, cos, sin, cache[i], pos, mask)
+    return norm(x), cache

@@ -1,0 +1,80 @@
+"""Shared test fixtures (owned by the core engine; keep this API stable).
+
+Constants
+    ``REPO_ROOT``            the checkout.
+    ``SHARED_REFERENCE``     ``<repo>/../shared/reference`` (CI keeps ``shared/`` beside the checkout).
+    ``REAL_TOKENIZER_DIR``   ``SHARED_REFERENCE/configs/text-tokenizer-qwen2`` (real Qwen2 vocab.json + merges.txt).
+    ``shared_reference(*parts)`` -> path inside SHARED_REFERENCE; fails the test clearly when it is missing.
+
+Fixtures (session scope; results are cached per argument set)
+    ``tiny_snapshot(kind="base", layout="0.6b", seed=0, real_tokenizer=True) -> str``
+        Path of a tiny random-weight snapshot in the real layout written by
+        :func:`qtts.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
+        custom_voice / voice_design (voice_design needs layout "1.7b"); ``layout`` "0.6b"
+        (talker hidden == predictor hidden) or "1.7b" (talker wider: ``small_to_mtp_projection``);
+        ``real_tokenizer`` copies the real Qwen2 tokenizer files, else a byte-level stand-in
+        ``tokenizer.json`` is written. Treat the directory as read-only.
+    ``official_tts(path) -> qwen_tts.Qwen3TTSModel``
+        The official model loaded from ``path`` with ``dtype=torch.float32`` (cached per path).
+        The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
+        ``.model.speech_tokenizer``. Treat it as read-only (shared by every test).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_REFERENCE = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "reference"))
+REAL_TOKENIZER_DIR = os.path.join(SHARED_REFERENCE, "configs", "text-tokenizer-qwen2")
+
+
+def shared_reference(*parts: str) -> str:
+    """A path under ``../shared/reference``; fails (never skips) when the folder is not there."""
+    path = os.path.join(SHARED_REFERENCE, *parts)
+    if not os.path.exists(path):
+        pytest.fail(
+            f"{path} is missing: the tests need the shared reference folder beside the checkout "
+            f"(expected at {SHARED_REFERENCE}, i.e. <repo>/../shared/reference)"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_snapshot(tmp_path_factory):
+    from qtts.random_checkpoint import write_random_checkpoint
+
+    cache: dict[tuple, str] = {}
+    root = tmp_path_factory.mktemp("tiny-snapshots")
+
+    def make(kind: str = "base", layout: str = "0.6b", seed: int = 0, real_tokenizer: bool = True) -> str:
+        key = (kind, layout, int(seed), bool(real_tokenizer))
+        if key not in cache:
+            tok = shared_reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
+            out = root / f"{kind}-{layout}-s{seed}-{'real' if real_tokenizer else 'standin'}"
+            cache[key] = write_random_checkpoint(
+                str(out), size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok
+            )
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def official_tts():
+    import torch
+
+    import official
+
+    cache: dict[str, object] = {}
+
+    def load(path: str):
+        path = os.path.abspath(str(path))
+        if path not in cache:
+            qwen_tts = official.qwen_tts()
+            cache[path] = qwen_tts.Qwen3TTSModel.from_pretrained(path, dtype=torch.float32)
+        return cache[path]
+
+    return load
