@@ -1,0 +1,174 @@
+"""The pieces a :class:`qtts.TTS` runs on: config, tokenizer, backend, decoders, encoders.
+
+:meth:`Runtime.open` reads a snapshot and an optional execution plan and wires the parts;
+tests build a Runtime directly from fakes. The torch checkpoint is loaded lazily, only when a
+torch component needs it (a plan that names other runtimes for everything never imports torch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, config: ModelConfig, tokenizer, backend, *, checkpoint_loader=None,
+                 decoder_factory=None, plan=None, snapshot_dir: str | None = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.plan = plan
+        self.snapshot_dir = snapshot_dir
+        self._checkpoint_loader = checkpoint_loader
+        self._checkpoint = None
+        self._decoder_factory = decoder_factory
+
+    @classmethod
+    def open(cls, model: str, plan=None, dtype: str = "float32", threads: int | None = None,
+             backend=None) -> Runtime:
+        from .backends import create_backend
+        from .frontend import TextTokenizer
+        from .weights import resolve_snapshot
+
+        snapshot = resolve_snapshot(model)
+        config = ModelConfig.from_dir(snapshot)
+        plan = read_plan(plan)
+        tokenizer = TextTokenizer.from_dir(snapshot)
+
+        def loader():
+            from .backends.torch import torch_dtype
+            from .weights import load_checkpoint
+
+            return load_checkpoint(snapshot, dtype=torch_dtype(dtype))
+
+        rt = cls(config, tokenizer, None, checkpoint_loader=loader, plan=plan, snapshot_dir=snapshot)
+        if backend is None:
+            ckpt = rt.checkpoint if _impl(plan, "talker") == "torch" else None
+            backend = create_backend(snapshot, plan, checkpoint=ckpt, dtype=dtype, threads=threads)
+        rt.backend = backend
+        return rt
+
+    @property
+    def checkpoint(self):
+        if self._checkpoint is None:
+            if self._checkpoint_loader is None:
+                raise InputError("this runtime has no torch checkpoint (needed for this component)")
+            self._checkpoint = self._checkpoint_loader()
+        return self._checkpoint
+
+    # -- speech decoder --------------------------------------------------------------------------
+    def new_decoder(self):
+        """A fresh stateful streaming decoder: ``decode(codes [n,16]) -> float32 [n*1920]``."""
+        if self._decoder_factory is not None:
+            return self._decoder_factory()
+        return make_decoder(self)
+
+    # -- prompts -----------------------------------------------------------------------------------
+    def build_prompt(self, text: str, mode, voice, options):
+        """(Prompt, number of target text tokens) for one text piece."""
+        from .prompt import build_prompt
+
+        non_streaming = options.non_streaming_text
+        if non_streaming is None:  # official wrapper defaults
+            non_streaming = mode.kind in ("custom_voice", "voice_design")
+        prompt = build_prompt(
+            self.config, self.tokenizer, text, language=mode.language, speaker=mode.speaker,
+            instruct=mode.instruct, xvector=mode.xvector,
+            ref_text=voice.ref_text if mode.icl else None,
+            ref_codes=voice.ref_codes if mode.icl else None,
+            non_streaming=bool(non_streaming),
+        )
+        return prompt, len(self.tokenizer.encode(text))
+
+    # -- encoders (voice creation) -------------------------------------------------------------
+    def speaker_embedding(self, wav_24k: np.ndarray) -> np.ndarray:
+        import torch
+
+        from .mel import log_mel
+
+        enc = self.checkpoint.model.speaker_encoder
+        if enc is None:
+            raise InputError("this checkpoint has no speaker encoder (only Base checkpoints clone voices)")
+        mel = torch.from_numpy(np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32))[None]
+        param = next(enc.parameters())
+        with torch.inference_mode():
+            out = enc(mel.to(param.dtype))[0]
+        return out.float().numpy()
+
+    def encode_codes(self, wav_24k: np.ndarray) -> np.ndarray:
+        import torch
+
+        enc = self.checkpoint.speech_tokenizer.encoder
+        with torch.inference_mode():
+            codes = enc.encode(torch.from_numpy(np.ascontiguousarray(wav_24k, dtype=np.float32))[None])
+        return codes[0].cpu().numpy().astype(np.int64)
+
+
+def read_plan(plan):
+    """None, a dict, a Plan object or a path to plan JSON -> plan object (validated by qtts.plan)."""
+    if plan is None or isinstance(plan, dict) or not isinstance(plan, (str, os.PathLike)):
+        return plan
+    try:
+        from . import plan as plan_mod
+    except ImportError:
+        plan_mod = None
+    if plan_mod is not None and hasattr(plan_mod, "load_plan"):
+        return plan_mod.load_plan(os.fspath(plan))
+    try:
+        with open(plan, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read plan '{plan}': {exc}") from exc
+
+
+def _impl(plan, component: str) -> str:
+    from .backends import _impl as impl_of
+    from .backends import _plan_entry
+
+    entry = _plan_entry(plan, component)
+    return "torch" if entry is None else impl_of(entry)
+
+
+def make_decoder(rt: Runtime):
+    """The streaming decoder the plan names (``speech_decoder``), torch by default."""
+    try:
+        from . import decoders
+    except ImportError:
+        decoders = None
+    factory = getattr(decoders, "create_decoder", None) if decoders is not None else None
+    if factory is not None:
+        return factory(rt.snapshot_dir, plan=rt.plan, checkpoint_loader=lambda: rt.checkpoint)
+    return FullRedecode(rt.checkpoint.speech_tokenizer.decoder)
+
+
+class FullRedecode:
+    """Stopgap streaming decoder: re-runs the offline decode over all codes so far.
+
+    Exact for the causal decoder (the new samples equal the offline decode's tail) but
+    quadratic in length; :mod:`qtts.decoders` replaces it with the stateful step.
+    """
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.reset()
+
+    def reset(self) -> None:
+        self.codes = np.zeros((0, 16), dtype=np.int64)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        import torch
+
+        codes = np.asarray(codes, dtype=np.int64).reshape(-1, 16)
+        done = len(self.codes)
+        self.codes = np.concatenate([self.codes, codes])
+        with torch.inference_mode():
+            wav = self.decoder(torch.from_numpy(self.codes.T.copy())[None])
+        return wav.reshape(-1)[done * 1920 :].float().numpy()

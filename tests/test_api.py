@@ -1,0 +1,183 @@
+"""TTS.stream / synthesize on a fake runtime: chunking, ordering, closing, modes, stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_REFERENCE
+from fakes import FakeBackend, FakePrompt
+from qtts.api import TTS
+from qtts.config import ModelConfig
+from qtts.errors import InputError
+from qtts.options import SynthesisOptions
+from qtts.runtime import Runtime
+from qtts.voice import Voice
+
+H = 8
+
+
+class FakeTokenizer:
+    def encode(self, text):
+        return [b % 101 for b in text.encode("utf-8")]
+
+
+class FakeDecoder:
+    """Stateful: each frame's samples depend on its code 0 and on how many frames came before."""
+
+    def __init__(self, events):
+        self.events = events
+        self.n = 0
+
+    def decode(self, codes):
+        codes = np.asarray(codes)
+        self.events.append(("decode", len(codes)))
+        out = []
+        for c in codes:
+            out.append(np.full(1920, (c[0] % 97) / 97.0 + 0.001 * self.n, np.float32))
+            self.n += 1
+        return np.concatenate(out)
+
+
+class FakeRuntime(Runtime):
+    def build_prompt(self, text, mode, voice, options):
+        ids = FakeTokenizer().encode(text)
+        text_ids = [151644, 77091, 198, 151671, 151671, 151671, 151672, ids[0]]
+        codec = [-1, -1, -1, 2155, 2156, 2157, 2148, 2149]
+        spk = -1
+        if mode.xvector:
+            text_ids.insert(6, 151671)
+            codec.insert(6, 0)
+            spk = 6
+        return FakePrompt(text_ids, codec, ids[1:] + [151673], speaker_pos=spk), len(ids)
+
+
+def make_tts(kind="Qwen3-TTS-12Hz-0.6B-Base", **backend_kw):
+    cfg = ModelConfig.from_dir(f"{SHARED_REFERENCE}/configs/{kind}", speech_tokenizer=False)
+    cfg.talker_config.hidden_size = H
+    backend = FakeBackend(hidden_size=H, **backend_kw)
+    rt = FakeRuntime(cfg, FakeTokenizer(), backend, decoder_factory=lambda: FakeDecoder(backend.events))
+    return TTS(rt), backend
+
+
+VOICE = Voice(np.ones(H, np.float32), model_size="0b6")
+OPTS = SynthesisOptions(greedy=True, max_frames=30, watchdog=False)
+
+
+def test_chunk_sizes_first_then_regular():
+    tts, _ = make_tts()
+    chunks = list(tts.stream("Hello world.", voice=VOICE, options=OPTS))
+    sizes = [c.num_frames for c in chunks]
+    assert sizes[0] == 2 and all(s == 8 for s in sizes[1:-1]) and sum(sizes) == 30
+    assert [len(c.samples) for c in chunks] == [1920 * s for s in sizes]
+    assert [c.frame_start for c in chunks] == list(np.cumsum([0] + sizes[:-1]))
+    assert chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
+    assert chunks[-1].finish_reason == "length"
+    info = chunks[-1].info
+    assert info["frames"] == 30 and info["audio_s"] == pytest.approx(2.4) and info["ttfa_s"] <= info["wall_s"]
+
+
+def test_custom_chunking():
+    tts, _ = make_tts()
+    opts = SynthesisOptions(greedy=True, max_frames=10, watchdog=False, first_chunk_frames=1, chunk_frames=3)
+    sizes = [c.num_frames for c in tts.stream("Hi there.", voice=VOICE, options=opts)]
+    assert sizes == [1, 3, 3, 3, 0]
+
+
+def test_stream_equals_synthesize_and_offline_decode():
+    tts, backend = make_tts()
+    chunks = list(tts.stream("Hello world.", voice=VOICE, options=OPTS))
+    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
+    streamed = np.concatenate([c.samples for c in chunks])
+    np.testing.assert_array_equal(streamed, audio.samples)
+    assert audio.finish_reason == "length" and audio.duration == pytest.approx(2.4)
+
+
+def test_first_chunk_before_generation_ends():
+    tts, backend = make_tts()
+    it = tts.stream("Hello world.", voice=VOICE, options=OPTS)
+    first = next(it)
+    talks_at_first = sum(1 for e in backend.events if e[0] == "talker")
+    assert first.num_frames == 2
+    list(it)
+    talks_total = sum(1 for e in backend.events if e[0] == "talker")
+    assert talks_at_first <= 3 < talks_total  # prefill + 2 steps, then 28 more
+    first_decode = next(i for i, e in enumerate(backend.events) if e[0] == "decode")
+    last_talk = max(i for i, e in enumerate(backend.events) if e[0] == "talker")
+    assert first_decode < last_talk
+
+
+def test_close_stops_generation():
+    tts, backend = make_tts()
+    it = tts.stream("Hello world.", voice=VOICE, options=SynthesisOptions(greedy=True, max_frames=500))
+    next(it)
+    n = len(backend.events)
+    it.close()
+    assert len(backend.events) == n
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_eos_finish_reason():
+    tts, _ = make_tts(eos_at=5)
+    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
+    assert audio.finish_reason == "eos" and audio.info["frames"] == 5
+
+
+def test_runaway_finish_reason():
+    tts, _ = make_tts(stuck_code=3)
+    opts = SynthesisOptions(greedy=True, max_frames=400)
+    audio = tts.synthesize("Hello world.", voice=VOICE, options=opts)
+    assert audio.finish_reason == "runaway" and audio.info["frames"] < 400
+
+
+def test_long_text_split_into_pieces_with_own_budgets():
+    tts, _ = make_tts(eos_at=4)
+    text = "First sentence here. Second one follows! And a third? Yes, a fourth."
+    audio = tts.synthesize(text, voice=VOICE, options=SynthesisOptions(greedy=True, max_sentence_chars=30))
+    assert audio.info["pieces"] >= 2
+    assert audio.info["frames"] == 4 * audio.info["pieces"]
+    assert audio.info["finish_reasons"] == ["eos"] * audio.info["pieces"]
+
+
+def test_seeded_sampling_reproducible():
+    tts, _ = make_tts()
+    opts = SynthesisOptions(seed=3, max_frames=12, watchdog=False)
+    a = tts.synthesize("Hello.", voice=VOICE, options=opts).samples
+    b = tts.synthesize("Hello.", voice=VOICE, options=opts).samples
+    np.testing.assert_array_equal(a, b)
+
+
+def test_icl_primes_decoder_and_drops_reference_audio():
+    tts, backend = make_tts()
+    voice = Voice(np.ones(H, np.float32), ref_codes=np.zeros((7, 16), np.int64), ref_text="ref", model_size="0b6")
+    chunks = list(tts.stream("Hello world.", voice=voice, options=SynthesisOptions(greedy=True, max_frames=4)))
+    assert backend.events[0] == ("decode", 7)  # primed before generation
+    assert sum(len(c.samples) for c in chunks) == 4 * 1920
+
+
+@pytest.mark.parametrize(
+    "kind,kwargs,match",
+    [
+        ("Qwen3-TTS-12Hz-0.6B-Base", {}, "needs one"),
+        ("Qwen3-TTS-12Hz-0.6B-Base", {"voice": VOICE, "speaker": "ryan"}, "CustomVoice"),
+        ("Qwen3-TTS-12Hz-0.6B-Base", {"voice": VOICE, "instruct": "calm"}, "VoiceDesign"),
+        ("Qwen3-TTS-12Hz-0.6B-Base", {"voice": VOICE, "language": "klingon"}, "valid: auto"),
+        ("Qwen3-TTS-12Hz-0.6B-CustomVoice", {"speaker": "nobody"}, "valid: aiden"),
+        ("Qwen3-TTS-12Hz-0.6B-CustomVoice", {}, "ryan"),
+        ("Qwen3-TTS-12Hz-0.6B-CustomVoice", {"speaker": "ryan", "instruct": "happy"}, "1.7B"),
+        ("Qwen3-TTS-12Hz-0.6B-CustomVoice", {"voice": VOICE}, "Base"),
+        ("Qwen3-TTS-12Hz-1.7B-VoiceDesign", {}, "instruct"),
+        ("Qwen3-TTS-12Hz-1.7B-VoiceDesign", {"speaker": "ryan", "instruct": "x"}, "CustomVoice"),
+    ],
+)
+def test_mode_mismatch_lists_valid(kind, kwargs, match):
+    tts, _ = make_tts(kind)
+    with pytest.raises(InputError, match=match):
+        tts.stream("Hello.", options=OPTS, **kwargs)
+
+
+def test_facts():
+    tts, _ = make_tts("Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    assert tts.model_type == "custom_voice" and "ryan" in tts.speakers and "english" in tts.languages
+    assert tts.sample_rate == 24000
