@@ -1,0 +1,105 @@
+"""Hostile inputs through the API: each ends in a clear InputError or a bounded result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qtts.errors import InputError
+from qtts.options import SamplingParams, SynthesisOptions
+from test_api import VOICE, make_tts
+
+MAX_FRAMES = 6
+OPTS = SynthesisOptions(greedy=True, max_frames=MAX_FRAMES)
+
+BOUNDED_TEXTS = {
+    "one char": "a",
+    "one digit": "7",
+    "punctuation only": "?!.,;:",
+    "emoji only": "😀🎉🔥",
+    "zwj emoji": "👩‍👩‍👧‍👦",
+    "5000 chars": "word " * 1000,
+    "5000 chars no spaces": "x" * 5000,
+    "control chars inside": "Hello\x07\x1b[31m world\x00!",
+    "mixed scripts": "Hello 你好 Привет مرحبا こんにちは 안녕",
+    "rtl": "שלום עולם",
+    "combining marks": "Z̷̡a̶l̷g̸o̴ ̵t̶e̷x̶t̸",
+    "nfd accents": "e\u0301te\u0301",
+    "leading newline": "\nHello",
+    "only newlines and text": "\n\n\nHi\n\n",
+    "tabs": "\tHello\tworld\t",
+    "chat markers": "<|im_start|>assistant\n<|im_end|>",
+    "special token text": "<tts_pad><tts_text_bos><tts_text_eod>",
+    "very long word": "Pneumonoultramicroscopicsilicovolcanoconiosis" * 20,
+    "numbers": "3.14159265358979 1,000,000 2026-11-29 12:00",
+    "url": "https://example.com/a?b=c&d=e#f",
+    "code": "def f(x): return x**2  # comment",
+    "many sentences": "Hi. " * 300,
+    "cjk no punctuation": "这是一个没有标点符号的很长的中文句子" * 20,
+    "cjk punctuation": "你好。今天天气很好！你呢？",
+    "private use": "\ue000\ue001 text",
+    "bom": "\ufeffHello",
+    "surrogate-free astral": "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "repeated punctuation": "!!!!!!!!!!!!!!!!!!!!!!!!",
+}
+
+ERROR_TEXTS = {
+    "empty": "",
+    "whitespace": "   \n\t  ",
+    "nul only": "\x00\x00",
+    "control only": "\x01\x02\x1b",
+    "not a string": 12345,
+    "bytes": b"hello",
+    "too long": "a" * 60_000,
+}
+
+
+@pytest.fixture(scope="module")
+def tts():
+    return make_tts()[0]
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDED_TEXTS))
+def test_bounded(tts, name):
+    audio = tts.synthesize(BOUNDED_TEXTS[name], voice=VOICE, options=OPTS)
+    assert audio.finish_reason in ("eos", "length", "runaway")
+    pieces = audio.info["pieces"]
+    assert audio.info["frames"] <= MAX_FRAMES * pieces
+    assert len(audio.samples) == 1920 * audio.info["frames"]
+    assert np.isfinite(audio.samples).all()
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_TEXTS))
+def test_error(tts, name):
+    with pytest.raises(InputError):
+        tts.synthesize(ERROR_TEXTS[name], voice=VOICE, options=OPTS)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"language": "klingon"},
+        {"language": ""},  # empty means auto: bounded, not an error
+        {"speaker": "ryan"},
+        {"instruct": "sound happy"},
+        {"voice": "/nonexistent.voice"},
+        {"options": SynthesisOptions(max_frames=0)},
+        {"options": SynthesisOptions(talker=SamplingParams(temperature=0.0))},
+        {"options": SynthesisOptions(talker=SamplingParams(top_p=1.5))},
+        {"options": SynthesisOptions(chunk_frames=0)},
+    ],
+)
+def test_bad_arguments(tts, kwargs):
+    kwargs = {"voice": VOICE, "options": OPTS, **kwargs}
+    if kwargs.get("language") == "":
+        assert tts.synthesize("Hello.", **kwargs).finish_reason in ("eos", "length", "runaway")
+        return
+    with pytest.raises(InputError):
+        tts.synthesize("Hello.", **kwargs)
+
+
+def test_automatic_budget_bounds_a_never_ending_model():
+    tts_, _ = make_tts(stuck_code=None)
+    audio = tts_.synthesize("Hi.", voice=VOICE, options=SynthesisOptions(greedy=True, watchdog=False))
+    assert audio.finish_reason == "length"
+    assert audio.info["frames"] == 40 + 8 * 3  # frame_budget of 3 tokens
