@@ -205,7 +205,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + self.eps)  # h*h: no Pow in exports
         return self.weight * h.to(x.dtype)
 
 
