@@ -1,0 +1,135 @@
+"""OpenAI-style errors: every failure is ``{"error": {"message", "type", "code", "param"}}``.
+
+FastAPI's own errors (422 validation, 404/405 routing, body parsing) are mapped into the same
+shape; request validation becomes 400, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+#: status -> (OpenAI error type, default code)
+_TYPES = {
+    400: ("invalid_request_error", "invalid_value"),
+    401: ("authentication_error", "unauthorized"),
+    403: ("permission_error", "forbidden"),
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    409: ("invalid_request_error", "conflict"),
+    413: ("invalid_request_error", "payload_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    429: ("rate_limit_error", "queue_full"),
+    500: ("server_error", "internal_error"),
+    503: ("server_error", "not_ready"),
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str | None = None
+    param: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+#: OpenAPI ``responses=`` entry documenting the error statuses a route can return
+ERROR_RESPONSES = {
+    status: {"model": ErrorResponse, "description": desc}
+    for status, desc in [
+        (400, "Invalid request (validation)"),
+        (404, "Unknown voice or endpoint"),
+        (413, "Request body or upload too large"),
+        (415, "Wrong content type"),
+        (429, "Queue full; see Retry-After"),
+        (500, "Internal error"),
+        (503, "Model not loaded yet, or shutting down"),
+    ]
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client as OpenAI-style JSON."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code or _TYPES.get(status, ("server_error", "error"))[1]
+        self.param = param
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    etype, default_code = _TYPES.get(status, ("server_error" if status >= 500 else "invalid_request_error",
+                                              "error"))
+    return {"error": {"message": message, "type": etype, "code": code or default_code, "param": param}}
+
+
+def error_response(status: int, message: str, code: str | None = None, param: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def _loc_name(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts)
+
+
+def validation_message(errors) -> tuple[str, str | None]:
+    """Turn pydantic/FastAPI errors into one readable sentence and the first offending field."""
+    msgs, first = [], None
+    for err in errors[:5]:
+        kind = err.get("type", "")
+        name = "" if kind == "json_invalid" else _loc_name(err.get("loc", ()))
+        first = first or name or None
+        if kind == "json_invalid":
+            msgs.append("the request body is not valid JSON; send a JSON object with Content-Type: "
+                        "application/json")
+        elif kind == "extra_forbidden":
+            msgs.append(f"unknown field '{name}'; remove it (see /openapi.json for the accepted fields)")
+        elif kind == "missing":
+            msgs.append(f"'{name}' is required")
+        else:
+            msgs.append(f"{name}: {err.get('msg', 'invalid value')}" if name else err.get("msg", "invalid"))
+    return "; ".join(msgs) or "invalid request", first
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        message, param = validation_message(exc.errors())
+        return error_response(400, message, "invalid_value", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        status = exc.status_code
+        if status == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}; see /openapi.json"
+        elif status == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(status, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error; the server log has the details")

@@ -1,0 +1,135 @@
+"""Prometheus metrics in the text exposition format (version 0.0.4), written by hand.
+
+A few counters, gauges and histograms with labels; thread-safe (workers update them). No
+dependency on prometheus_client.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _labels(names: tuple[str, ...], values: tuple) -> str:
+    if not names:
+        return ""
+    parts = []
+    for n, v in zip(names, values):
+        s = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+        parts.append(f'{n}="{s}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def _num(x: float) -> str:
+    x = float(x)
+    if x == float("inf"):
+        return "+Inf"
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x)
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help_: str, labels: tuple[str, ...] = ()):
+        self.name, self.help, self.label_names = name, help_, labels
+        self._lock = threading.Lock()
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+
+class Counter(_Metric):
+    kind = "counter"
+
+    def __init__(self, name, help_, labels=()):
+        super().__init__(name, help_, labels)
+        self._values: dict[tuple, float] = {} if labels else {(): 0.0}
+
+    def inc(self, amount: float = 1.0, **labels) -> None:
+        key = tuple(labels[n] for n in self.label_names)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def value(self, **labels) -> float:
+        return self._values.get(tuple(labels[n] for n in self.label_names), 0.0)
+
+    def render(self) -> list[str]:
+        with self._lock:
+            items = sorted(self._values.items())
+        return self.header() + [f"{self.name}{_labels(self.label_names, k)} {_num(v)}" for k, v in items]
+
+
+class Gauge(Counter):
+    kind = "gauge"
+
+    def set(self, value: float, **labels) -> None:
+        key = tuple(labels[n] for n in self.label_names)
+        with self._lock:
+            self._values[key] = float(value)
+
+
+class Histogram(_Metric):
+    kind = "histogram"
+
+    def __init__(self, name, help_, buckets: tuple[float, ...]):
+        super().__init__(name, help_)
+        self.buckets = tuple(sorted(buckets))
+        self._counts = [0] * (len(self.buckets) + 1)
+        self._sum = 0.0
+        self._n = 0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += value
+            self._n += 1
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def render(self) -> list[str]:
+        with self._lock:
+            counts, total, n = list(self._counts), self._sum, self._n
+        lines, cum = self.header(), 0
+        for le, c in zip(self.buckets + (float("inf"),), counts):
+            cum += c
+            lines.append(f'{self.name}_bucket{{le="{_num(le)}"}} {cum}')
+        lines += [f"{self.name}_sum {_num(total)}", f"{self.name}_count {n}"]
+        return lines
+
+
+class ServerMetrics:
+    """Everything /metrics reports."""
+
+    def __init__(self):
+        p = "qtts_"
+        self.requests = Counter(p + "requests_total", "HTTP requests by route, method and status.",
+                                ("route", "method", "status"))
+        self.errors = Counter(p + "errors_total", "Failed requests (5xx, or generation errors after "
+                              "streaming started) by route and kind.", ("route", "kind"))
+        self.audio_seconds = Counter(p + "audio_seconds_total", "Seconds of audio generated.")
+        self.frames = Counter(p + "frames_generated_total", "Codec frames generated (12.5 per second).")
+        self.cancelled = Counter(p + "requests_cancelled_total",
+                                 "Generations stopped early because the client went away.")
+        self.rtf = Histogram(p + "rtf", "Real-time factor per request: generation wall time / audio "
+                             "duration (lower is faster).", (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5))
+        self.ttfa = Histogram(p + "ttfa_seconds", "Time to first audio: request admitted to first "
+                              "encoded bytes ready.", (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10))
+        self.queue_wait = Histogram(p + "queue_wait_seconds", "Time a request waited for a worker.",
+                                    (0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120))
+        self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for a worker.")
+        self.in_flight = Gauge(p + "in_flight", "Generations running now.")
+        self.ready = Gauge(p + "ready", "1 when the model is loaded and the server accepts work.")
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for m in (self.requests, self.errors, self.audio_seconds, self.frames, self.cancelled, self.rtf,
+                  self.ttfa, self.queue_wait, self.queue_depth, self.in_flight, self.ready):
+            lines += m.render()
+        return "\n".join(lines) + "\n"

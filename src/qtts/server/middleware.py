@@ -1,0 +1,122 @@
+"""Outermost ASGI middleware: request ids, body-size limits, request metrics, JSON access log.
+
+* Bodies larger than the route's limit get 413 before the app reads them (from Content-Length),
+  or as soon as the streamed body passes the limit (chunked uploads without a length).
+* One access-log record per request on the ``qtts.server.access`` logger, as a JSON object:
+  request id, method, path, route, status, duration, bytes sent, plus what the route added
+  (frames, audio seconds, time to first audio, finish reason, cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import error_body
+
+access_log = logging.getLogger("qtts.server.access")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+#: multipart framing and form fields on top of the audio file itself
+UPLOAD_OVERHEAD = 64 * 1024
+
+
+class BodyTooLarge(StarletteHTTPException):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body too large: the limit is {limit} bytes")
+
+
+class AccessMiddleware:
+    def __init__(self, app, state):
+        self.app = app
+        self.state = state
+
+    def _limit(self, scope) -> int:
+        s = self.state.settings
+        if scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/voices":
+            return s.max_upload_bytes + UPLOAD_OVERHEAD
+        return s.max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        rid = headers.get("x-request-id", "")
+        rid = rid if _REQUEST_ID_RE.match(rid) else uuid.uuid4().hex[:16]
+        info = {"status": None, "bytes": 0}
+        scope.setdefault("state", {})["access"] = extra = {}
+        limit = self._limit(scope)
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                info["status"] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
+            elif message["type"] == "http.response.body":
+                info["bytes"] += len(message.get("body", b""))
+            await send(message)
+
+        received = 0
+
+        async def receive_wrapper():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        try:
+            length = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            length = 0
+        try:
+            if length > limit:
+                await self._reject(send_wrapper, 413, f"request body too large: {length} bytes; the limit "
+                                   f"is {limit} bytes")
+            else:
+                await self.app(scope, receive_wrapper, send_wrapper)
+        except BodyTooLarge as exc:
+            if info["status"] is None:
+                await self._reject(send_wrapper, 413, exc.detail)
+        except Exception:
+            if info["status"] is None:
+                info["status"] = 500
+            raise
+        finally:
+            self._finish(scope, info, extra, rid, t0)
+
+    async def _reject(self, send, status: int, message: str) -> None:
+        body = json.dumps(error_body(status, message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _finish(self, scope, info: dict, extra: dict, rid: str, t0: float) -> None:
+        route = scope.get("route")
+        route_path = getattr(route, "path", None) or "unmatched"
+        status = info["status"] or 499  # 499: the client went away before any response
+        m = self.state.metrics
+        m.requests.inc(route=route_path, method=scope["method"], status=str(status))
+        if status >= 500:
+            m.errors.inc(route=route_path, kind=str(status))
+        if not self.state.settings.access_log:
+            return
+        record = {"request_id": rid, "method": scope["method"], "path": scope["path"], "route": route_path,
+                  "status": status, "duration_ms": round(1000 * (time.perf_counter() - t0), 1),
+                  "bytes_sent": info["bytes"]}
+        client = scope.get("client")
+        if client:
+            record["client"] = f"{client[0]}:{client[1]}"
+        for key in ("frames", "audio_s", "ttfa_s", "gen_s", "finish_reason", "cancelled", "error", "voice_id"):
+            if key in extra:
+                v = extra[key]
+                record[key] = round(v, 4) if isinstance(v, float) else v
+        access_log.info(json.dumps(record, ensure_ascii=True))

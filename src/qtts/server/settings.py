@@ -1,0 +1,59 @@
+"""Server settings: one frozen dataclass, filled by ``qtts serve`` flags or by tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+#: response formats the server can produce (see :mod:`qtts.server.encoders`)
+SUPPORTED_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    #: bind address; loopback by default so a fresh server is not exposed to the network
+    host: str = "127.0.0.1"
+    #: TCP port (0 picks a free one)
+    port: int = 8000
+    #: where uploaded voices are stored as ``<id>.voice``; None disables uploads
+    voices_dir: str | None = None
+    #: generations (and voice creations) running at once; each gets its own worker thread
+    max_concurrency: int = 1
+    #: requests allowed to wait for a worker; one more gets 429 with Retry-After
+    max_queue: int = 8
+    #: a request that waited this long for a worker gets 503 (the client gave up by then anyway)
+    queue_timeout_s: float = 120.0
+    #: longest accepted ``input`` text, in characters
+    max_input_chars: int = 4096
+    #: hard cap on codec frames per request (12.5 frames per second of audio); a request may ask less
+    max_frames: int = 2048
+    #: largest accepted reference-audio upload, in bytes
+    max_upload_bytes: int = 10 * 1024 * 1024
+    #: largest accepted JSON request body, in bytes
+    max_body_bytes: int = 256 * 1024
+    #: frames per streamed chunk after the first (None = engine default, 8); the worker notices a
+    #: client disconnect between chunks, so this also bounds the frames generated after one
+    chunk_frames: int | None = None
+    #: format used when a request names none (OpenAI's default is mp3; wav needs no decoder)
+    default_response_format: str = "wav"
+    #: model id reported by /health and /v1/models; requests may name any model (one is served)
+    model_id: str = "qtts"
+    #: emit one JSON access-log line per request on the ``qtts.server.access`` logger
+    access_log: bool = True
+
+    def __post_init__(self):
+        if self.max_concurrency < 1:
+            raise InputError(f"max_concurrency={self.max_concurrency}: must be >= 1")
+        if self.max_queue < 0:
+            raise InputError(f"max_queue={self.max_queue}: must be >= 0")
+        for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.default_response_format not in SUPPORTED_FORMATS:
+            raise InputError(
+                f"default_response_format={self.default_response_format!r}: "
+                f"choose one of {', '.join(SUPPORTED_FORMATS)}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise InputError(f"port={self.port}: must be in 0..65535")

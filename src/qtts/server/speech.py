@@ -1,0 +1,262 @@
+"""``POST /v1/audio/speech``: OpenAI's request fields plus qtts extras; audio streams as generated."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import logging
+import time
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InputError
+from .encoders import MEDIA_TYPES, make_encoder
+from .errors import ERROR_RESPONSES, ApiError
+from .responses import JobStreamingResponse
+from .voices import VOICE_ID_RE, engine_speakers
+from .worker import Job
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+SAMPLES_PER_FRAME = 1920
+
+Format = Literal["wav", "pcm", "flac", "mp3", "opus"]
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI ``audio.speech.create`` fields; the rest are qtts extras (None = model default)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, max_length=256, description="Accepted and reported; one model is served.")
+    input: str = Field(..., description="Text to speak (1..max_input_chars characters).")
+    voice: str | None = Field(None, max_length=256, description="An uploaded voice id (GET /v1/voices) or a "
+                              "built-in speaker name of a CustomVoice model.")
+    response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
+                                           "flac, mp3 or opus.")
+    speed: float | None = Field(None, allow_inf_nan=False, description="Only 1.0 is accepted: qtts does "
+                                "not change the speaking rate.")
+    stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default): the file "
+                                                          "bytes, chunked; sse: base64 audio events.")
+    instructions: str | None = Field(None, max_length=2000, description="OpenAI's name for `instruct`.")
+    language: str | None = Field(None, max_length=64, description="'auto' or a language the model knows.")
+    instruct: str | None = Field(None, max_length=2000, description="Style instruction (1.7B models).")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible.")
+    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+    greedy: bool | None = Field(None, description="Argmax decoding (deterministic).")
+    max_frames: int | None = Field(None, ge=1, description="Frame budget (12.5 frames per second), at most "
+                                   "the server's max_frames.")
+
+
+@dataclasses.dataclass
+class SpeechPlan:
+    """A validated request, ready for a worker."""
+
+    text: str
+    fmt: str
+    sse: bool
+    voice: object | None
+    speaker: str | None
+    instruct: str | None
+    language: str | None
+    options: object | None
+    frame_cap: int
+    t0: float
+    stats: dict
+
+
+def require_json(request: Request) -> None:
+    ctype = request.headers.get("content-type", "")
+    if ctype and ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"unsupported content type {ctype.split(';')[0]!r}: send a JSON object with "
+                       "Content-Type: application/json", "unsupported_media_type")
+
+
+def _check_request(req: SpeechRequest, settings) -> str:
+    if not req.input.strip():
+        raise ApiError(400, "'input' is empty: send the text to speak", "empty_input", "input")
+    if len(req.input) > settings.max_input_chars:
+        raise ApiError(400, f"'input' has {len(req.input)} characters; the limit is {settings.max_input_chars}: "
+                       "split the text into several requests", "input_too_long", "input")
+    if req.speed is not None and req.speed != 1.0:
+        raise ApiError(400, f"speed={req.speed} is not supported: qtts cannot change the speaking rate "
+                       "without changing the voice; omit 'speed' or send 1.0", "unsupported_value", "speed")
+    if req.max_frames is not None and req.max_frames > settings.max_frames:
+        raise ApiError(400, f"max_frames={req.max_frames} exceeds this server's limit of {settings.max_frames}",
+                       "max_frames_too_large", "max_frames")
+    if req.instructions and req.instruct and req.instructions != req.instruct:
+        raise ApiError(400, "'instructions' and 'instruct' differ: send only one", "conflicting_fields",
+                       "instruct")
+    return req.response_format or settings.default_response_format
+
+
+def _options(req: SpeechRequest, settings):
+    from ..options import SamplingParams, SynthesisOptions
+
+    talker = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                            repetition_penalty=req.repetition_penalty)
+    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames}
+    if settings.chunk_frames:
+        kwargs["chunk_frames"] = settings.chunk_frames
+    options = SynthesisOptions(**kwargs)
+    try:
+        options.validate()
+    except InputError as exc:
+        raise ApiError(400, str(exc), "invalid_value") from None
+    return options
+
+
+async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str | None]:
+    if req.voice is None:
+        return None, None
+    speakers = engine_speakers(state.engine)
+    by_lower = {s.lower(): s for s in speakers}
+    if req.voice.lower() in by_lower:
+        return None, by_lower[req.voice.lower()]
+    if not VOICE_ID_RE.match(req.voice):
+        raise ApiError(400, f"invalid voice {req.voice!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
+                       "invalid_voice_id", "voice")
+    if state.store.enabled and state.store.exists(req.voice):
+        try:
+            return await asyncio.to_thread(state.store.load, req.voice), None
+        except InputError as exc:
+            raise ApiError(400, f"voice {req.voice!r} cannot be used: {exc}", "invalid_voice", "voice") from None
+    known = [v["id"] for v in state.store.list()][:20] + speakers
+    hint = f"known voices: {', '.join(known)}" if known else "upload one with POST /v1/voices"
+    raise ApiError(404, f"unknown voice {req.voice!r}; {hint}", "voice_not_found", "voice")
+
+
+def _produce(plan: SpeechPlan, metrics):
+    """Worker-thread body: engine chunks -> encoded bytes, honouring the frame cap and cancellation."""
+
+    def run(engine, cancel):
+        stats = plan.stats
+        enc = make_encoder(plan.fmt)
+        pending = enc.start()  # the header leaves with the first audio, after input validation
+        frames, t_start = 0, time.perf_counter()
+        stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
+                               language=plan.language, options=plan.options)
+        try:
+            for chunk in stream:
+                if cancel.is_set():
+                    break
+                samples = chunk.samples
+                n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
+                capped = frames + n >= plan.frame_cap and not chunk.is_final
+                if frames + n > plan.frame_cap:
+                    n = plan.frame_cap - frames
+                    samples = samples[: n * SAMPLES_PER_FRAME]
+                frames += n
+                metrics.frames.inc(n)
+                stats["frames"] = frames
+                stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
+                stats["finish_reason"] = "length" if capped else chunk.finish_reason
+                data, pending = pending + enc.encode(samples), b""
+                stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
+                yield data
+                if capped:
+                    break
+            if not cancel.is_set():
+                stats["completed"] = True
+                yield pending + enc.finish()
+        finally:
+            stream.close()
+            stats["gen_s"] = time.perf_counter() - t_start
+            stats["cancelled"] = cancel.is_set() and not stats.get("completed")
+            _record(stats, metrics)
+
+    return run
+
+
+def _record(stats: dict, metrics) -> None:
+    audio_s = stats.get("audio_s", 0.0)
+    metrics.audio_seconds.inc(audio_s)
+    if stats.get("cancelled"):
+        metrics.cancelled.inc()
+    elif stats.get("completed") and audio_s > 0:
+        metrics.rtf.observe(stats["gen_s"] / audio_s)
+    if "ttfa_s" in stats:
+        metrics.ttfa.observe(stats["ttfa_s"])
+
+
+def _engine_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InputError):
+        return ApiError(400, str(exc), "invalid_value")
+    log.error("generation failed", exc_info=exc)
+    return ApiError(500, f"generation failed ({type(exc).__name__}); the server log has the details",
+                    "generation_failed")
+
+
+def _sse(event: dict) -> bytes:
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
+    """The response body: the first item, then the rest as the worker produces it."""
+    while True:
+        kind, value = item
+        if kind == "data":
+            if plan.sse:
+                yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(value).decode()})
+            else:
+                yield value
+        elif kind == "end":
+            if plan.sse:
+                s = plan.stats
+                yield _sse({"type": "speech.audio.done", "finish_reason": s.get("finish_reason"),
+                            "audio_seconds": round(s.get("audio_s", 0.0), 3),
+                            "usage": {"input_tokens": 0, "output_tokens": s.get("frames", 0),
+                                      "total_tokens": s.get("frames", 0)}})
+            return
+        else:
+            err = _engine_error(value)
+            plan.stats["error"] = err.message
+            state.metrics.errors.inc(route="/v1/audio/speech", kind="midstream")
+            if plan.sse:
+                yield _sse({"type": "error", "error": {"message": err.message, "type": "server_error",
+                                                       "code": err.code}})
+                return
+            # abort the connection (no final chunk) so the client sees a truncated transfer
+            raise RuntimeError(f"generation failed mid-stream: {err.message}")
+        item = await job.next()
+
+
+@router.post("/v1/audio/speech", dependencies=[Depends(require_json)], response_class=Response,
+             responses={200: {"content": {m: {} for m in (*MEDIA_TYPES.values(), "text/event-stream")},
+                              "description": "Audio bytes, streamed as they are generated."},
+                        **ERROR_RESPONSES})
+async def create_speech(req: SpeechRequest, request: Request):
+    """Synthesize ``input``; the body streams while the model generates."""
+    state = request.app.state.qtts
+    state.require_ready()
+    t0 = time.perf_counter()
+    fmt = _check_request(req, state.settings)
+    voice, speaker = await _resolve_voice(req, state)
+    stats = request.scope.setdefault("state", {}).setdefault("access", {})
+    plan = SpeechPlan(text=req.input, fmt=fmt, sse=req.stream_format == "sse", voice=voice, speaker=speaker,
+                      instruct=req.instruct or req.instructions or None, language=req.language,
+                      options=_options(req, state.settings),
+                      frame_cap=req.max_frames or state.settings.max_frames, t0=t0, stats=stats)
+    slot = await state.scheduler.acquire()
+    job = Job(state.scheduler, slot, _produce(plan, state.metrics))
+    job.start()
+    try:
+        first = await job.next()
+    except BaseException:
+        job.cancel()
+        raise
+    if first[0] == "error":
+        raise _engine_error(first[1])
+    media = "text/event-stream" if plan.sse else MEDIA_TYPES[fmt]
+    return JobStreamingResponse(job, _body(job, first, plan, state), media_type=media,
+                                headers={"X-Qtts-Model": state.settings.model_id, "Cache-Control": "no-store"})

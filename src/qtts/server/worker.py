@@ -1,0 +1,182 @@
+"""Concurrency: a pool of engine slots, a bounded wait queue, and jobs on worker threads.
+
+* :class:`Scheduler` hands out *slots*. A slot is one engine handle; a job holds it while its
+  worker thread runs, so at most ``max_concurrency`` generations run at once. When every slot is
+  busy, up to ``max_queue`` requests wait (FIFO); one more gets 429 with ``Retry-After``.
+  All scheduler state lives on the event-loop thread; workers give slots back through
+  ``loop.call_soon_threadsafe``.
+* :class:`Job` runs a blocking producer (the engine's ``stream()`` plus the encoder) on a worker
+  thread and passes its byte chunks to the event loop through an ``asyncio.Queue``. ``cancel()``
+  sets a flag the worker checks between chunks; it then closes the producer, which closes the
+  engine generator (generation stops at the next frame/chunk boundary). The slot is returned only
+  when the worker thread has really finished, so cancelled work never overlaps new work.
+  An exception in one job is delivered to that job's consumer only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from .errors import ApiError
+from .metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Slots (engine handles) + a bounded FIFO of waiters. Use only from the event-loop thread."""
+
+    def __init__(self, slots: list, max_queue: int, queue_timeout_s: float, metrics: ServerMetrics):
+        self.capacity = len(slots)
+        self._free = list(slots)
+        self._waiters: deque[asyncio.Future] = deque()
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
+        self.metrics = metrics
+        self._avg_job_s = 1.0  # moving average, for Retry-After
+        self.executor = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="qtts-worker")
+
+    @property
+    def in_flight(self) -> int:
+        return self.capacity - len(self._free)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
+    def retry_after(self) -> int:
+        """Seconds until a queue place is likely free (at least 1)."""
+        ahead = self.queue_depth + 1
+        return max(1, min(120, math.ceil(ahead * self._avg_job_s / self.capacity)))
+
+    def note_duration(self, seconds: float) -> None:
+        self._avg_job_s = 0.8 * self._avg_job_s + 0.2 * max(0.01, seconds)
+
+    def _gauges(self) -> None:
+        self.metrics.queue_depth.set(self.queue_depth)
+        self.metrics.in_flight.set(self.in_flight)
+
+    async def acquire(self):
+        """A free slot; waits in the queue, or raises ApiError 429 (queue full) / 503 (timeout)."""
+        if self._free and self.queue_depth == 0:
+            slot = self._free.pop()
+            self._gauges()
+            return slot
+        if self.queue_depth >= self.max_queue:
+            raise ApiError(
+                429,
+                f"server busy: {self.capacity} generation(s) running and {self.queue_depth} waiting "
+                f"(max_queue={self.max_queue}); retry after the Retry-After seconds",
+                "queue_full",
+                headers={"Retry-After": str(self.retry_after())},
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._gauges()
+        t0 = time.perf_counter()
+        try:
+            slot = await asyncio.wait_for(fut, self.queue_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(503, f"no worker became free within {self.queue_timeout_s:.0f} s; retry later",
+                           "queue_timeout", headers={"Retry-After": str(self.retry_after())}) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            raise
+        finally:
+            if fut in self._waiters and fut.done():
+                self._waiters.remove(fut)
+            self._gauges()
+        self.metrics.queue_wait.observe(time.perf_counter() - t0)
+        return slot
+
+    def release(self, slot) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(slot)
+                self._gauges()
+                return
+        self._free.append(slot)
+        self._gauges()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Job:
+    """One producer run on a worker thread; ``await next()`` yields ("data", bytes), ("end", None)
+    or ("error", exception)."""
+
+    def __init__(self, scheduler: Scheduler, slot, produce: Callable[[object, threading.Event], Iterator[bytes]]):
+        self.scheduler = scheduler
+        self.slot = slot
+        self._produce = produce
+        self._loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue = asyncio.Queue()
+        self.cancel_event = threading.Event()
+        self.done = self._loop.create_future()
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        try:
+            self.scheduler.executor.submit(self._run)
+        except RuntimeError:  # executor shut down: the server is stopping
+            self.scheduler.release(self.slot)
+            raise ApiError(503, "server is shutting down", "shutting_down") from None
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    async def next(self):
+        return await self._items.get()
+
+    async def wait_done(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.done), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _put(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # event loop closed: nobody listens any more
+            self.cancel_event.set()
+
+    def _finished(self) -> None:
+        self.scheduler.note_duration(time.perf_counter() - self.started)
+        self.scheduler.release(self.slot)
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _run(self) -> None:
+        producer = None
+        try:
+            producer = self._produce(self.slot, self.cancel_event)
+            for data in producer:
+                if self.cancel_event.is_set():
+                    break
+                if data:
+                    self._put(("data", data))
+            else:
+                self._put(("end", None))
+        except Exception as exc:  # delivered to this job's consumer only
+            self._put(("error", exc))
+        finally:
+            if producer is not None:
+                try:
+                    producer.close()
+                except Exception:
+                    log.exception("closing a generation failed")
+            try:
+                self._loop.call_soon_threadsafe(self._finished)
+            except RuntimeError:
+                pass
