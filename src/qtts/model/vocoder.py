@@ -315,7 +315,9 @@ class Decoder(nn.Module):
         self.pre_conv = CausalConv(cfg.codebook_dim, cfg.latent_dim, 3)
         self.pre_transformer = PreTransformer(cfg)
         self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalConvTranspose(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            nn.ModuleList(
+                [CausalConvTranspose(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)]
+            )
             for r in cfg.upsampling_ratios
         )
         dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]

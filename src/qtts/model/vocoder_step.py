@@ -74,7 +74,10 @@ class CacheLayout:
         dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
         specs: list[tuple[str, tuple[int, ...]]] = [("pre_conv", (cfg.codebook_dim, 2))]
         for i in range(cfg.num_hidden_layers):
-            specs += [(f"pre_transformer.layers.{i}.k", kv_shape), (f"pre_transformer.layers.{i}.v", kv_shape)]
+            specs += [
+                (f"pre_transformer.layers.{i}.k", kv_shape),
+                (f"pre_transformer.layers.{i}.v", kv_shape),
+            ]
         for i, r in enumerate(cfg.upsampling_ratios):
             specs += [(f"upsample.{i}.0", (cfg.latent_dim, (r - 1) // r))]
             specs += [(f"upsample.{i}.1.dwconv", (cfg.latent_dim, 6))]
@@ -143,7 +146,9 @@ class VocoderStep(nn.Module):
 
     def _check_layout(self) -> None:
         for e in self.layout.entries:
-            mod = self.decoder.get_submodule(e.name.rsplit(".", 1)[0] if e.name.endswith((".k", ".v")) else e.name)
+            mod = self.decoder.get_submodule(
+                e.name.rsplit(".", 1)[0] if e.name.endswith((".k", ".v")) else e.name
+            )
             if hasattr(mod, "context") and mod.context != e.shape[-1]:
                 raise AssertionError(f"cache layout {e.name}: context {e.shape[-1]} != module {mod.context}")
 
