@@ -21,7 +21,7 @@ def _expected(file: str, prefix: str) -> dict[str, list[int]]:
     out = {}
     with open(os.path.join(REF, "tensor-names", file), encoding="utf-8") as fh:
         for line in fh:
-            if line.startswith(prefix):
+            if line.startswith(prefix) and not line.startswith("#"):
                 name, shape = line.rstrip("\n").split("\t")
                 out[name[len(prefix) :]] = [int(s) for s in shape.strip("[]").split(",") if s.strip()]
     return out
@@ -48,3 +48,14 @@ def test_codec_encoder_names_and_shapes():
     assert len(expected) == 225
     assert _ours(model) == expected
     assert model.samples_per_frame == 1920
+
+
+def test_speech_tokenizer_root_names_and_shapes():
+    from qtts.model.speech_tokenizer import SpeechTokenizer
+
+    cfg = ModelConfig.from_dir(os.path.join(REF, "configs", "Qwen3-TTS-12Hz-0.6B-Base"))
+    with torch.device("meta"):
+        model = SpeechTokenizer(cfg.speech_tokenizer)
+    expected = _expected("speech_tokenizer.txt", "")
+    assert len(expected) == 496
+    assert _ours(model) == expected
