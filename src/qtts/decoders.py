@@ -361,3 +361,26 @@ def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
     if impl == "rknn":
         return RknnStepDecoder(arts["main"], arts.get("first"), opts.get("core_mask"))
     raise InputError(f"speech_decoder impl '{impl}' is not supported; use torch, onnx or rknn")
+
+
+def create_decoder(snapshot_dir: str | None, plan=None, checkpoint_loader=None) -> StreamingDecoder:
+    """The speech decoder a plan (``qtts.plan.Plan``, dict, path or None) names; used by the runtime.
+
+    ``checkpoint_loader()`` returns a loaded Checkpoint; it is only called for torch.
+    """
+    from .plan import Plan, load_plan
+
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    spec = plan.get("speech_decoder")
+    if spec.impl != "torch":
+        return make_decoder(spec)
+    source = checkpoint_loader() if checkpoint_loader is not None else snapshot_dir
+    dec = _torch_decoder(source)
+    if next(dec.parameters()).dtype != _torch_float32():
+        log.info("speech decoder is not fp32: using the offline decoder instead of the fp32 step")
+        return TorchFullDecoder(dec)
+    return make_decoder(spec, dec)
+
+
+def _torch_float32():
+    return require("torch", "torch", "the torch vocoder").float32

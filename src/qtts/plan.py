@@ -11,7 +11,8 @@ A plan is a JSON object (schema in docs/plan.md)::
 Keys are component names (:data:`COMPONENTS`); an optional ``"version": 1`` key is accepted.
 Each entry has ``impl`` (:data:`IMPLS`), ``artifacts`` (name -> file; ``main`` is required
 for every impl but torch; relative paths resolve against the plan file's directory, and the
-files must exist) and optional ``options`` (a free-form object the implementation reads).
+files must exist), optional ``options`` (a free-form object the implementation reads) and
+optional ``precision`` (informational string written by exporters).
 Components a plan does not name run with ``torch``.
 """
 
@@ -29,7 +30,7 @@ from .errors import InputError
 COMPONENTS = ("talker", "code_predictor", "speech_decoder", "speaker_encoder", "speech_encoder")
 IMPLS = ("torch", "onnx", "rknn", "qnn")
 PLAN_VERSION = 1
-_ENTRY_KEYS = ("impl", "artifacts", "options")
+_ENTRY_KEYS = ("impl", "artifacts", "options", "precision")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ComponentSpec:
     impl: str = "torch"
     artifacts: Mapping[str, str] = field(default_factory=dict)  # absolute paths
     options: Mapping[str, Any] = field(default_factory=dict)
+    precision: str | None = None  # informational (what an export wrote: fp32 / fp16 / int8 / int4)
 
     def artifact(self, key: str) -> str | None:
         return self.artifacts.get(key)
@@ -48,6 +50,8 @@ class ComponentSpec:
             out["artifacts"] = dict(self.artifacts)
         if self.options:
             out["options"] = dict(self.options)
+        if self.precision:
+            out["precision"] = self.precision
         return out
 
 
@@ -95,7 +99,10 @@ def _entry(name: str, data: Any, base_dir: str, where: str) -> ComponentSpec:
     opts = data.get("options", {})
     if not isinstance(opts, dict):
         raise InputError(f"{w}: 'options' must be an object")
-    return ComponentSpec(name, impl, MappingProxyType(resolved), MappingProxyType(dict(opts)))
+    precision = data.get("precision")
+    if precision is not None and not isinstance(precision, str):
+        raise InputError(f"{w}: 'precision' must be a string such as \"fp32\"")
+    return ComponentSpec(name, impl, MappingProxyType(resolved), MappingProxyType(dict(opts)), precision)
 
 
 def parse_plan(data: Any, base_dir: str = ".", where: str = "plan") -> Plan:

@@ -118,11 +118,13 @@ class CausalConvTranspose(nn.Module):
         super().__init__()
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride = stride
+        self.trim = kernel - stride  # (T-1)*s + k outputs, the last k-s dropped
         # input frames of history an output block needs: outputs of frame t get overlap from t-1..
         self.context = (kernel - 1) // stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)[..., : x.shape[-1] * self.stride]
+        y = self.conv(x)
+        return y[..., : -self.trim] if self.trim else y
 
 
 class ConvNeXtBlock(nn.Module):
@@ -204,9 +206,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
+        h = _fp32(x)
         h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + self.eps)  # h*h: no Pow in exports
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
+
+
+def _fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32; no Cast node when it already is (keeps exported graphs clean)."""
+    return x if x.dtype == torch.float32 else x.float()
 
 
 class Attention(nn.Module):
@@ -221,7 +228,7 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, D] -> rotated q [B, nh, T, hd], k, v [B, nkv, T, hd]; cos/sin [T, hd]."""
-        b, t, _ = x.shape
+        b, t = int(x.shape[0]), int(x.shape[1])
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -230,14 +237,15 @@ class Attention(nn.Module):
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Softmax attention with an additive bias; q [B, nh, Tq, hd], k/v [B, nkv, Tk, hd] -> [B, Tq, nh*hd]."""
-    rep = q.shape[1] // k.shape[1]
+    b, nh, tq, hd = (int(d) for d in q.shape)  # python ints: no Shape/Pow nodes when traced
+    rep = nh // int(k.shape[1])
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5) + bias
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    out = torch.matmul(probs, v)
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * float(hd**-0.5) + bias
+    probs = torch.softmax(_fp32(scores), dim=-1)
+    out = torch.matmul(probs if q.dtype == torch.float32 else probs.to(q.dtype), v)
+    return out.transpose(1, 2).reshape(b, tq, nh * hd)
 
 
 class MLP(nn.Module):

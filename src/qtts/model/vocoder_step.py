@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
@@ -140,6 +141,10 @@ class VocoderStep(nn.Module):
         mask = torch.where(visible, torch.zeros(()), torch.full((), MASK_VALUE))
         self.register_buffer("attn_mask", mask.view(1, 1, b, kv + b), persistent=False)
         self.register_buffer("slot_idx", torch.arange(kv, dtype=torch.float32).view(1, kv), persistent=False)
+        books = [*decoder.quantizer.rvq_first.vq.layers, *decoder.quantizer.rvq_rest.vq.layers]
+        for i, vq in enumerate(books):  # codebook tables folded to constants (no Clip/Div in the graph)
+            self.register_buffer(f"codebook_{i}", vq._codebook.table().detach().clone(), persistent=False)
+        self.n_first = decoder.quantizer.n_first
         names = [n for n, m in decoder.named_modules() if isinstance(m, SnakeBeta)]
         self._snake_index = {n: i for i, n in enumerate(names)}
         self.snakes = nn.ModuleList(_FoldedSnake(decoder.get_submodule(n)) for n in names)
@@ -179,19 +184,31 @@ class VocoderStep(nn.Module):
         """Causal conv over [history, x]; the new history is the last ``context`` input frames."""
         conv = self.decoder.get_submodule(name).conv
         xin = torch.cat([c[name][None], x], dim=-1)
-        out[name] = xin[0, :, xin.shape[-1] - c[name].shape[-1] :]
+        out[name] = xin[0, :, -c[name].shape[-1] :]
         return conv(xin)
 
     def _convt(self, name: str, x: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
         """Causal transposed conv: recompute over [history, x], keep the outputs of x."""
         mod = self.decoder.get_submodule(name)
         if name not in c:
-            return mod.conv(x)[..., : x.shape[-1] * mod.stride]
+            return mod(x)
         n = c[name].shape[-1]
         xin = torch.cat([c[name][None], x], dim=-1)
-        out[name] = xin[0, :, xin.shape[-1] - n :]
-        y = mod.conv(xin)
-        return y[..., n * mod.stride : xin.shape[-1] * mod.stride]
+        out[name] = xin[0, :, -n:]
+        y = mod.conv(xin)  # (n+L-1)*s + k samples; keep those of x: [n*s, (n+L)*s)
+        return y[..., n * mod.stride : -mod.trim] if mod.trim else y[..., n * mod.stride :]
+
+    def _quantize(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [1, 16, B] -> [1, codebook_dim, B], summed in the same order as the offline decode."""
+        q = self.decoder.quantizer
+        groups = ((q.rvq_first, range(self.n_first)), (q.rvq_rest, range(self.n_first, codes.shape[1])))
+        out = 0
+        for rvq, ks in groups:
+            total = 0
+            for k in ks:
+                total = total + F.embedding(codes[:, k], getattr(self, f"codebook_{k}")).transpose(1, 2)
+            out = out + rvq.output_proj(total)
+        return out
 
     def _slot_bias(self, cache_valid: torch.Tensor) -> torch.Tensor:
         # -100 on the kv_slots - n_valid never-written slots (the real ones are always the last),
@@ -211,15 +228,15 @@ class VocoderStep(nn.Module):
             kname, vname = f"pre_transformer.layers.{i}.k", f"pre_transformer.layers.{i}.v"
             k_all = torch.matmul(self.kv_sel_hist, c[kname]) + torch.matmul(self.kv_sel_cur, k[0])
             v_all = torch.matmul(self.kv_sel_hist, c[vname]) + torch.matmul(self.kv_sel_cur, v[0])
-            out[kname] = k_all[:, k_all.shape[1] - kv :]
-            out[vname] = v_all[:, v_all.shape[1] - kv :]
+            out[kname] = k_all[:, -kv:]
+            out[vname] = v_all[:, -kv:]
             h = layer.finish(h, attend(q, k_all[None], v_all[None], bias))
         return t.output_proj(t.norm(h))
 
     # ------------------------------------------------------------------ forward
     def forward(self, audio_codes, freqs_in, cache_valid, cache_in):
         dec, c, out = self.decoder, self.layout.split(cache_in), {}
-        h = self._conv("pre_conv", dec.quantizer.decode(audio_codes), c, out)  # [1, latent, B]
+        h = self._conv("pre_conv", self._quantize(audio_codes), c, out)  # [1, latent, B]
         h = self._transformer(h.transpose(1, 2), freqs_in, cache_valid, c, out).transpose(1, 2)
         for i, (_, block) in enumerate(dec.upsample):
             h = self._convt(f"upsample.{i}.0", h, c, out)

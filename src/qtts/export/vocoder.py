@@ -1,0 +1,180 @@
+"""Export the stateful vocoder step (:class:`~qtts.model.vocoder_step.VocoderStep`) to ONNX and check it.
+
+* fixed shapes, opset 17, the TorchScript exporter (``dynamo=False``): the RKNN converter loads
+  this flavour; the step contract (B, N, head_dim, RoPE inverse frequencies, ...) is stored in the
+  file's metadata (``qtts.step_contract``) and read back from it by every consumer;
+* :func:`graph_report`: op counts, the ops the RKNN converter is known to choke on
+  (:data:`RISKY_OPS`), and whether any attention key/value operand comes out of a Concat (the
+  KV history must join through selection matmuls: the RKNN Concat path corrupts it);
+* :func:`verify_onnx`: onnxruntime stepwise decode vs the torch offline decode (SNR in dB).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+
+import numpy as np
+
+from ..decoders import STEP_INPUTS, STEP_OUTPUTS, OnnxStepDecoder, StepContract
+from ..errors import InputError, QttsError, require
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+RISKY_OPS = ("Pad", "Exp", "ConstantOfShape", "Shape", "Split", "Pow")
+_PASS_THROUGH = {"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "Expand", "Tile"}
+
+
+def load_decoder(model):
+    """A fp32 :class:`~qtts.model.vocoder.Decoder` from a snapshot dir / hub id, or pass one through."""
+    if hasattr(model, "quantizer"):
+        return model.float().eval()
+    from ..weights import load_checkpoint
+
+    ckpt = load_checkpoint(str(model), components=("decoder",))
+    return ckpt.speech_tokenizer.decoder.float().eval()
+
+
+def step_contract(step) -> StepContract:
+    cfg = step.decoder.config
+    return StepContract(
+        codes_length=step.codes_length, cache_size=step.cache_size, head_dim=cfg.head_dim,
+        kv_slots=step.layout.kv_slots, samples_per_frame=step.samples_per_frame,
+        inv_freq=tuple(float(x) for x in step.inv_freq()), num_quantizers=cfg.num_quantizers,
+    )  # fmt: skip
+
+
+def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
+    """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report."""
+    torch = require("torch", "export", "exporting the vocoder")
+    onnx = require("onnx", "export", "exporting the vocoder")
+    from ..model.vocoder_step import VocoderStep
+
+    if int(codes_length) < 1:
+        raise InputError(f"--codes-length must be >= 1, got {codes_length}")
+    decoder = load_decoder(model)
+    step = VocoderStep(decoder, int(codes_length)).eval()
+    contract = step_contract(step)
+    b, nq = contract.codes_length, contract.num_quantizers
+    args = (
+        torch.zeros(1, nq, b, dtype=torch.int64),
+        step.rope_freqs(0),
+        torch.full((1,), float(min(b, contract.kv_slots))),  # mid-range: no clamp branch folds away
+        step.init_cache(),
+    )
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                step, args, tmp, input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
+                opset_version=OPSET, do_constant_folding=True, dynamo=False,
+            )  # fmt: skip
+        m = onnx.load(tmp)
+        entry = m.metadata_props.add()
+        entry.key, entry.value = "qtts.step_contract", contract.to_json()
+        onnx.save(m, tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    report = graph_report(out)
+    report.update(path=out, codes_length=b, cache_size=contract.cache_size, head_dim=contract.head_dim)
+    log.info("exported %s: %d nodes, risky ops %s", out, report["nodes"], report["risky_ops"] or "none")
+    return report
+
+
+def _producers(graph) -> dict:
+    return {o: n for n in graph.node for o in n.output}
+
+
+def _source(name: str, producers: dict):
+    """The first producer of ``name`` that is not a pure shape/layout op."""
+    node = producers.get(name)
+    while node is not None and node.op_type in _PASS_THROUGH:
+        node = producers.get(node.input[0])
+    return node
+
+
+def kv_concat_nodes(graph) -> list[str]:
+    """Names of Concat nodes that directly produce an attention key or value operand."""
+    producers = _producers(graph)
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    bad = []
+    for sm in (n for n in graph.node if n.op_type == "Softmax"):
+        node = producers.get(sm.input[0])
+        while node is not None and node.op_type in ("Add", "Mul", "Cast", "Div"):
+            node = producers.get(node.input[0])
+        operands = [node.input[1]] if node is not None and node.op_type == "MatMul" else []
+        out = sm.output[0]
+        for _ in range(3):  # Softmax -> (Cast) -> MatMul(probs, V)
+            nxt = consumers.get(out, [])
+            mm = [n for n in nxt if n.op_type == "MatMul"]
+            if mm:
+                operands.append(mm[0].input[1])
+                break
+            if not nxt:
+                break
+            out = nxt[0].output[0]
+        for op in operands:
+            src = _source(op, producers)
+            if src is not None and src.op_type == "Concat":
+                bad.append(src.name or op)
+    return bad
+
+
+def graph_report(path: str) -> dict:
+    """Op statistics and RKNN preflight for an exported step."""
+    onnx = require("onnx", "export", "inspecting an ONNX file")
+    graph = onnx.load(path, load_external_data=False).graph
+    ops = Counter(n.op_type for n in graph.node)
+    return {
+        "nodes": sum(ops.values()),
+        "ops": dict(sorted(ops.items())),
+        "risky_ops": sorted(set(ops) & set(RISKY_OPS)),
+        "kv_concat": kv_concat_nodes(graph),
+        "softmax": ops.get("Softmax", 0),
+    }
+
+
+def verify_onnx(model, main: str, first: str | None = None, frames: int = 300, seed: int = 0,
+                chunks: list[int] | None = None) -> float:  # fmt: skip
+    """SNR (dB) of onnxruntime stepwise decoding vs the torch offline decode of random codes."""
+    torch = require("torch", "torch", "the reference decode")
+    from ..audio import snr_db
+
+    decoder = load_decoder(model)
+    dec = OnnxStepDecoder(main, first)
+    nq = dec.contract.num_quantizers
+    codes = np.random.default_rng(seed).integers(0, decoder.config.codebook_size, (frames, nq))
+    with torch.inference_mode():
+        ref = decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
+    chunks = chunks or [frames]
+    outs, i = [], 0
+    while i < frames:
+        n = min(chunks[min(len(outs), len(chunks) - 1)], frames - i)
+        outs.append(dec.decode(codes[i : i + n]))
+        i += n
+    got = np.concatenate(outs)
+    if len(got) != len(ref):
+        raise QttsError(f"ONNX step produced {len(got)} samples, expected {len(ref)}")
+    return snr_db(ref, got)
+
+
+def report_text(report: dict) -> str:
+    risky = ", ".join(report["risky_ops"]) or "none"
+    kv = "no Concat" if not report["kv_concat"] else f"Concat nodes {report['kv_concat']}"
+    return (
+        f"{report['path']}: B={report['codes_length']} N={report['cache_size']} head_dim={report['head_dim']}; "
+        f"{report['nodes']} nodes; risky ops for rknn-toolkit2: {risky}; KV history join: {kv}\n"
+        f"ops: {json.dumps(report['ops'])}"
+    )
