@@ -13,6 +13,10 @@ import os
 import httpx
 import numpy as np
 import pytest
+
+import qtts
+from qtts.audio import float_to_int16
+from qtts.options import SynthesisOptions
 from server_util import (
     REQUEST_ID,
     assert_error,
@@ -23,10 +27,6 @@ from server_util import (
     wait_for,
     wav_bytes,
 )
-
-import qtts
-from qtts.audio import float_to_int16
-from qtts.options import SynthesisOptions
 
 FRAME_BYTES = 1920 * 2  # one codec frame of 16-bit PCM
 MAX_INPUT = 300

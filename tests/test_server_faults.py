@@ -10,12 +10,12 @@ import time
 
 import httpx
 import pytest
-from server_fakes import FakeTTS, FakeVoice
-from server_util import assert_error, assert_healthy, decode, metric, start_server, wait_for
 
 from qtts.server import ServerSettings, create_app
 from qtts.server.runner import ServerThread
 from qtts.server.voices import VoiceStore
+from server_fakes import FakeTTS, FakeVoice
+from server_util import assert_error, assert_healthy, decode, metric, start_server, wait_for
 
 
 def test_health_503_until_loaded_then_200():
