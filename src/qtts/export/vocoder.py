@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -71,7 +72,8 @@ def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
     fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
     os.close(fd)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # int(shape) is static on purpose
             torch.onnx.export(
                 step, args, tmp, input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
                 opset_version=OPSET, do_constant_folding=True, dynamo=False,

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv-rknn: the RKNN converter environment (rknn-toolkit2 2.5.0 pins numpy 1.x / onnx <= 1.18,
+# so it cannot share qtts's main venv). Idempotent: a stamp file makes a second run a fast no-op.
+#   bash scripts/setup_rknn_env.sh            # create or verify
+#   RKNN_VENV=/path bash scripts/setup_rknn_env.sh
+# `qtts export rknn` runs its conversion inside this environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${RKNN_VENV:-.venv-rknn}
+PY=${PYTHON:-python3}
+STAMP="$VENV/.qtts-rknn-env-v1"
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+echo "setting up the RKNN converter environment in $VENV (once; ~1.5 GB)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+VPY="$VENV/bin/python"
+$VPY -m pip install -q -U pip wheel
+# The toolkit declares torch<=2.4 / opencv-python; it works with torch 2.13 and the headless OpenCV.
+$VPY -m pip install -q --no-deps rknn-toolkit2==2.5.0
+$VPY -m pip install -q "numpy==1.26.4" "onnx==1.18.0" onnxruntime "protobuf>=4.21.6,<=4.25.4" \
+  psutil ruamel.yaml scipy tqdm opencv-python-headless fast-histogram
+$VPY -m pip install -q torch==2.13.0     # imported by the toolkit at load; local CPU wheel here
+$VPY -m pip install -q "setuptools<81"   # torch pulls a setuptools without pkg_resources, which RKNN() needs
+$VPY -c "from rknn.api import RKNN; import numpy, onnx; print('rknn-toolkit2 ready: numpy', numpy.__version__, 'onnx', onnx.__version__)" >&2
+touch "$STAMP"
