@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig, SpeechTokenizerConfig
+from .weights import empty_init
 
 _ST_DTYPES = {
     torch.float32: "F32",
@@ -41,7 +42,7 @@ def _specs(module: nn.Module) -> list[Spec]:
 def main_specs(cfg: ModelConfig) -> list[Spec]:
     from .model.tts import Qwen3TTS
 
-    with torch.device("meta"):
+    with empty_init():
         return _specs(Qwen3TTS(cfg))
 
 
@@ -61,7 +62,7 @@ def speech_tokenizer_module(cfg: SpeechTokenizerConfig) -> nn.Module:
 
 
 def speech_tokenizer_specs(cfg: SpeechTokenizerConfig) -> list[Spec]:
-    with torch.device("meta"):
+    with empty_init():
         return _specs(speech_tokenizer_module(cfg))
 
 
@@ -90,6 +91,8 @@ def _value(spec: Spec, gen: torch.Generator, std: float, scale_init: dict) -> to
 
 
 def _randn(shape: tuple, gen: torch.Generator, std: float) -> torch.Tensor:
+    if _numel(shape) <= _CHUNK:
+        return torch.randn(shape, generator=gen).mul_(std)
     out = torch.empty(shape)
     flat = out.view(-1)
     for start in range(0, flat.numel(), _CHUNK):
@@ -101,12 +104,20 @@ def _randn(shape: tuple, gen: torch.Generator, std: float) -> torch.Tensor:
 def write_safetensors(
     path: str, specs: list[Spec], seed: int, std: float, dtype: str, scale_init: dict
 ) -> None:
-    """Stream random tensors for ``specs`` into a safetensors file (one tensor in memory at a time)."""
+    """Stream random tensors for ``specs`` into a safetensors file (one tensor in memory at a time).
+
+    Tensor ``i`` (in name order) draws from its own generator seeded with ``(seed, i)``, so values
+    do not depend on the write order; data is written widest dtype first to keep every tensor aligned.
+    """
     target = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    dtypes = [s.dtype if s.buffer or not s.dtype.is_floating_point else target for s in specs]
+    items = []
+    for i, s in enumerate(specs):
+        dt = s.dtype if s.buffer or not s.dtype.is_floating_point else target
+        items.append((i, s, dt, torch.empty((), dtype=dt).element_size()))
+    items.sort(key=lambda it: (-it[3], it[1].name))
     header, offset = {}, 0
-    for spec, dt in zip(specs, dtypes):
-        nbytes = _numel(spec.shape) * torch.empty((), dtype=dt).element_size()
+    for _, spec, dt, size in items:
+        nbytes = _numel(spec.shape) * size
         header[spec.name] = {
             "dtype": _ST_DTYPES[dt],
             "shape": list(spec.shape),
@@ -116,11 +127,12 @@ def write_safetensors(
     header["__metadata__"] = {"format": "pt", "producer": "qtts random-checkpoint"}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = torch.Generator()
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(blob)))
         fh.write(blob)
-        for spec, dt in zip(specs, dtypes):
+        for i, spec, dt, _ in items:
+            gen.manual_seed(int(seed) * 1_000_003 + i)
             value = _value(spec, gen, std, scale_init).to(dt).contiguous()
             raw = value.view(torch.int16) if dt == torch.bfloat16 else value
             fh.write(raw.numpy().tobytes())

@@ -12,6 +12,7 @@ keep the speech tokenizer (vocoder and codec encoder) in fp32 while the talker r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
@@ -58,6 +59,38 @@ class Checkpoint:
     model: nn.Module | None  # qtts.model.tts.Qwen3TTS (talker [+ speaker_encoder])
     speech_tokenizer: nn.Module | None  # qtts.model.speech_tokenizer.SpeechTokenizer (decoder [+ encoder])
     path: str
+
+
+_INIT_FUNCS = (
+    "normal_",
+    "uniform_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+)
+
+
+@contextlib.contextmanager
+def empty_init():
+    """Build modules on the meta device with ``torch.nn.init`` turned into no-ops.
+
+    Every tensor is replaced by the checkpoint anyway; skipping init also skips the ~4 s
+    one-time cost of running random init ops on the meta device.
+    """
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCS}
+    for name in _INIT_FUNCS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, func in saved.items():
+            setattr(nn.init, name, func)
 
 
 def to_dtype(dtype) -> torch.dtype:
@@ -223,7 +256,7 @@ def load_checkpoint(
 def _load_main(path: str, config: ModelConfig, components, dtype) -> nn.Module:
     from .model.tts import Qwen3TTS
 
-    with torch.device("meta"):
+    with empty_init():
         model = Qwen3TTS(config)
     drop = []
     if "talker" not in components:
@@ -236,7 +269,7 @@ def _load_main(path: str, config: ModelConfig, components, dtype) -> nn.Module:
 def _load_speech_tokenizer(path: str, config: ModelConfig, components, dtype) -> nn.Module:
     from ._random_weights import speech_tokenizer_module
 
-    with torch.device("meta"):
+    with empty_init():
         st = speech_tokenizer_module(config.speech_tokenizer)
     drop = []
     for part in ("decoder", "encoder"):
