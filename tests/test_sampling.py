@@ -1,0 +1,155 @@
+"""Sampling: equality with Hugging Face's own logits processors, and distribution checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from qtts import sampling
+from qtts.config import GenerationConfig
+from qtts.errors import InputError
+from qtts.options import SamplingParams, SynthesisOptions
+
+EOS = 2150
+RULES = sampling.talker_rules()
+
+
+def hf_process(logits, params, history, rules):
+    """The processor list HF generate builds for the official talker call, applied to one row."""
+    import torch
+    from transformers.generation import logits_process as lp
+
+    procs = []
+    if params.repetition_penalty != 1.0:
+        procs.append(lp.RepetitionPenaltyLogitsProcessor(penalty=float(params.repetition_penalty)))
+    if rules is not None:
+        procs.append(lp.MinNewTokensLengthLogitsProcessor(0, rules.min_new_tokens, torch.tensor([rules.eos_id])))
+        procs.append(lp.SuppressTokensLogitsProcessor(list(rules.suppress_ids)))
+    if params.do_sample:
+        if params.temperature != 1.0:
+            procs.append(lp.TemperatureLogitsWarper(float(params.temperature)))
+        if params.top_k:
+            procs.append(lp.TopKLogitsWarper(top_k=int(params.top_k), min_tokens_to_keep=1))
+        if params.top_p < 1.0:
+            procs.append(lp.TopPLogitsWarper(top_p=float(params.top_p), min_tokens_to_keep=1))
+    ids = torch.tensor([list(history)], dtype=torch.long).reshape(1, -1)
+    scores = torch.from_numpy(np.array(logits, dtype=np.float32))[None]
+    for p in procs:
+        scores = p(ids, scores)
+    return scores[0].numpy()
+
+
+GRID = list(itertools.product(
+    [1.0, 1.05, 1.3],  # repetition penalty
+    [0.5, 0.9, 1.0, 1.7],  # temperature
+    [0, 1, 7, 50, 5000],  # top_k
+    [1.0, 0.95, 0.5, 0.01],  # top_p
+))
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("talker", [True, False])
+def test_equals_hf_processors(talker):
+    rng = np.random.default_rng(0 if talker else 1)
+    vocab = 3072 if talker else 2048
+    for n, (pen, temp, k, p) in enumerate(GRID[::2] if talker else GRID[1::2]):  # all of GRID, once
+        params = SamplingParams(True, temp, k, p, pen)
+        logits = (rng.standard_normal(vocab) * 3).astype(np.float32)
+        logits[rng.integers(0, vocab, 8)] = logits[0]  # ties
+        history = rng.integers(0, 2048, size=n % 7).tolist() * 2  # repeated ids count once
+        rules = RULES if talker else None
+        ours = sampling.process_logits(logits, params, history, rules)
+        want = hf_process(logits, params, history, rules)
+        np.testing.assert_array_equal(ours, want, err_msg=f"{params} history={history}")
+        greedy = dataclasses.replace(params, do_sample=False)
+        g = sampling.process_logits(logits, greedy, history, rules)
+        want_g = hf_process(logits, greedy, history, rules)
+        np.testing.assert_array_equal(g, want_g)
+        assert sampling.choose(g, False) == int(np.argmax(want_g))
+
+
+def test_penalty_semantics_and_input_untouched():
+    logits = np.array([2.0, -2.0, 1.0, 0.0], dtype=np.float32)
+    before = logits.copy()
+    out = sampling.process_logits(logits, SamplingParams(False, 1.0, 0, 1.0, 2.0), [0, 0, 0, 1, 3])
+    np.testing.assert_array_equal(out, [1.0, -4.0, 1.0, 0.0])  # each id once; 0 stays 0
+    np.testing.assert_array_equal(logits, before)
+
+
+def test_talker_rules_block_eos_and_control_ids():
+    assert len(RULES.suppress_ids) == 1023 and EOS not in RULES.suppress_ids
+    assert min(RULES.suppress_ids) == 2048 and max(RULES.suppress_ids) == 3071
+    logits = np.zeros(3072, np.float32)
+    logits[EOS] = 100.0
+    logits[3000] = 200.0
+    greedy = SamplingParams(False, 1.0, 0, 1.0, 1.0)
+    assert sampling.sample(logits, greedy, 0.5, [], RULES) != EOS  # min_new_tokens: step 0
+    assert sampling.sample(logits, greedy, 0.5, [7], RULES) != EOS  # step 1
+    assert sampling.sample(logits, greedy, 0.5, [7, 8], RULES) == EOS  # step 2: allowed
+    rng = np.random.default_rng(0)
+    warm = SamplingParams(True, 1.0, 0, 1.0, 1.0)
+    picks = {sampling.sample(logits, warm, rng, [1], RULES) for _ in range(500)}
+    assert picks and max(picks) < 2048  # never a suppressed id, never EOS while blocked
+
+
+def test_top_k_keeps_ties_and_top_p_keeps_one():
+    s = sampling.top_k_filter(np.array([3, 1, 3, 2, 3], np.float32), 2)
+    np.testing.assert_array_equal(np.isfinite(s), [True, False, True, False, True])
+    s = sampling.top_p_filter(np.array([10, 0, 0], np.float32), 0.01)
+    np.testing.assert_array_equal(np.isfinite(s), [True, False, False])
+
+
+def test_choose_inverse_cdf_edges():
+    scores = np.array([-np.inf, 0.0, -np.inf, 0.0, -np.inf], np.float32)
+    assert sampling.choose(scores, True, 0.0) == 1
+    assert sampling.choose(scores, True, 0.49) == 1
+    assert sampling.choose(scores, True, 0.51) == 3
+    assert sampling.choose(scores, True, np.nextafter(1.0, 0.0)) == 3
+
+
+@pytest.mark.parametrize("temp,k,p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)])
+def test_sampled_frequencies_match_probabilities(temp, k, p):
+    from scipy.stats import chisquare
+
+    logits = np.random.default_rng(1234).standard_normal(16).astype(np.float32) * 1.5
+    rng = np.random.default_rng(7)  # fixed: the p-value bound below is checked for this seed
+    params = SamplingParams(True, temp, k, p, 1.0)
+    probs = sampling.softmax(sampling.process_logits(logits, params))
+    n = 20000
+    counts = np.bincount([sampling.sample(logits, params, rng) for _ in range(n)], minlength=16)
+    live = probs > 0
+    assert counts[~live].sum() == 0  # filtered ids are never drawn
+    expected = probs[live].astype(np.float64)
+    stat = chisquare(counts[live], expected / expected.sum() * n)
+    assert stat.pvalue > 1e-3, (counts, probs)
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = np.random.default_rng(5).standard_normal(2048).astype(np.float32)
+    params = SamplingParams(True, 0.9, 50, 1.0, 1.0)
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        return [sampling.sample(logits, params, rng) for _ in range(50)]
+
+    assert run(3) == run(3) and run(3) != run(4)
+
+
+def test_options_resolve_and_validate():
+    gen = GenerationConfig(temperature=0.7, top_k=20, subtalker_top_k=30, repetition_penalty=1.1)
+    opts = SynthesisOptions(talker=SamplingParams(top_p=0.9)).resolve(gen)
+    assert opts.talker == SamplingParams(True, 0.7, 20, 0.9, 1.1)
+    assert opts.subtalker == SamplingParams(True, 0.9, 30, 1.0, 1.0)  # no penalty for the predictor
+    greedy = SynthesisOptions(greedy=True).resolve(None)
+    assert not greedy.talker.do_sample and not greedy.subtalker.do_sample
+    for bad in (SamplingParams(temperature=0), SamplingParams(top_p=1.5), SamplingParams(top_k=-1),
+                SamplingParams(repetition_penalty=0)):
+        with pytest.raises(InputError):
+            SynthesisOptions(talker=bad).resolve(gen)
+    with pytest.raises(InputError, match="max_frames"):
+        SynthesisOptions(max_frames=0).resolve(gen)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.seed = 3
