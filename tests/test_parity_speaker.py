@@ -130,3 +130,34 @@ def test_resample_identity_and_errors():
         mel.resample(y, 0, 24000)
     with pytest.raises(ValueError):
         mel.log_mel(np.zeros(100, np.float32))
+
+
+def test_snapshot_embedding_equals_official_loader(tiny_snapshot, official_tts):
+    """End to end through the loaders: official ``extract_speaker_embedding`` vs ``load_checkpoint``."""
+    from qtts.weights import load_checkpoint
+
+    path = tiny_snapshot("base", "0.6b")
+    ref_model = official_tts(path).model
+    ours = load_checkpoint(path, components=("speaker_encoder",)).model.speaker_encoder.eval()
+    for name in ("short_1s", "silent_tail"):
+        y = _wav(*WAVS[name])
+        ref = ref_model.extract_speaker_embedding(y, 24000).float().numpy()
+        assert ref.shape == (ref_model.config.talker_config.hidden_size,)
+        assert np.abs(embed(ours, y) - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_embedding_from_16k_close_to_official_librosa_path(pair):
+    """Non-24 kHz input: official resamples with librosa (soxr_hq), we with mel.resample."""
+    m, ref_model, ours = pair
+    y16 = librosa.resample(_wav(3.0, 4), orig_sr=24000, target_sr=16000)
+    ref_in = librosa.resample(y16, orig_sr=16000, target_sr=24000)
+    with torch.no_grad():
+        mels = m.mel_spectrogram(
+            torch.from_numpy(ref_in)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
+            hop_size=256, win_size=1024, fmin=0, fmax=12000,
+        ).transpose(1, 2)  # fmt: skip
+        ref = ref_model(mels)[0].numpy()
+    got = embed(ours, mel.resample(y16, 16000, 24000))
+    cos = float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref))
+    assert cos > 0.9999, cos
+    assert np.abs(got - ref).max() <= 1e-2 * np.abs(ref).max()
