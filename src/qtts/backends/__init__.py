@@ -20,6 +20,7 @@ __all__ = ["Backend", "FACTORIES", "create_backend", "sample_residuals"]
 #: where ``components`` are the plan entries for ``talker`` / ``code_predictor``.
 FACTORIES: dict[str, str] = {
     "torch": "qtts.backends.torch:create",
+    "onnx": "qtts.backends.onnx:create",
 }
 
 
