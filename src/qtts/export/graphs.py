@@ -64,7 +64,9 @@ class _GQA(torch.autograd.Function):
     """GroupQueryAttention with in-op RoPE over a fixed-size past/present KV buffer."""
 
     @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int):
+    def forward(
+        ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int
+    ):
         b, t, _ = q.shape
         hd = past_k.shape[-1]
         pos = int(total_len) - t
@@ -86,7 +88,9 @@ class _GQA(torch.autograd.Function):
         return out.transpose(1, 2).reshape(b, t, heads * hd), present_k, present_v
 
     @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int):
+    def symbolic(
+        g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int
+    ):
         out, pk, pv = g.op(
             "com.microsoft::GroupQueryAttention",
             q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
@@ -135,7 +139,9 @@ class FusedLayer(nn.Module):
         q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
         q = rms_norm(q.reshape(b, t, self.heads, hd), self.q_norm).reshape(b, t, nq)
         k = rms_norm(k.reshape(b, t, self.kv_heads, hd), self.k_norm).reshape(b, t, nk)
-        att, pk, pv = _GQA.apply(q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, self.heads, self.kv_heads)
+        att, pk, pv = _GQA.apply(
+            q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, self.heads, self.kv_heads
+        )
         x = x + torch.matmul(att, self.o)
         gu = torch.matmul(rms_norm(x, self.post_attention_layernorm), self.gate_up)
         gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
@@ -193,28 +199,36 @@ class PredictorStepGraph(nn.Module):
         )
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
-        x, presents = _run_layers(self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache)
+        x, presents = _run_layers(
+            self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache
+        )
         hidden = rms_norm(x[:, -1], self.norm)
         return (*[torch.matmul(hidden, w) for w in self.heads], *presents)
 
 
 def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
-    """Greedy argmax, or inverse-CDF sampling over temperature/top-k/top-p (``generate._pick``) for one row.
+    """:func:`qtts.sampling.sample` for one row of predictor logits, inside the graph.
 
-    ``logits [1,V]``, ``u [1]``, ``temperature [1]``, ``top_k [1] int64`` (1..V), ``top_p [1]``,
-    ``do_sample [1] bool`` -> code ``[1] int64``.
+    Greedy: argmax of the raw logits. Sampling: temperature -> top-k (ties kept) -> top-p (HF:
+    drop the low tail whose cumulative probability is <= 1 - p) -> softmax -> the id whose
+    interval of the cumulative distribution **in id order** contains ``u`` (float64 cumsum), so
+    the same uniform picks the same id as the numpy sampler. ``logits [1,V]``, ``u [1]``,
+    ``temperature [1]``, ``top_k [1] int64`` (1..V), ``top_p [1]``, ``do_sample [1] bool`` -> ``[1] int64``.
     """
+    vocab = int(logits.shape[-1])
     greedy = torch.argmax(logits, dim=-1)
-    vals, idx = torch.topk(logits / temperature, int(logits.shape[-1]), dim=-1)  # sorted, descending
-    rank = torch.arange(vals.shape[-1])[None, :]
-    vals = torch.where(rank < top_k, vals, torch.full_like(vals, float("-inf")))
-    p = torch.softmax(vals, dim=-1)
-    keep = (torch.cumsum(p, dim=-1) - p < top_p) | (rank == 0)
-    p = torch.where(keep, p, torch.zeros_like(p))
-    cdf = torch.cumsum(p, dim=-1)
-    n = torch.sum((cdf <= u * cdf[:, -1:] * (1.0 - 1e-7)).to(torch.int64), dim=-1)
-    n = torch.clamp(n, max=int(logits.shape[-1]) - 1)
-    sampled = torch.gather(idx, 1, n[:, None])[:, 0]
+    scores = logits / temperature
+    ranked, _ = torch.topk(scores, vocab, dim=-1)  # descending
+    rank = torch.arange(vocab)[None, :]
+    p_desc = torch.softmax(torch.where(rank < top_k, ranked, torch.full_like(ranked, float("-inf"))), dim=-1)
+    keep = ((torch.cumsum(p_desc, dim=-1) - p_desc < top_p) | (rank == 0)) & (rank < top_k)
+    threshold = torch.min(
+        torch.where(keep, ranked, torch.full_like(ranked, float("inf"))), dim=-1, keepdim=True
+    )[0]
+    scores = torch.where(scores < threshold, torch.full_like(scores, float("-inf")), scores)
+    cdf = torch.cumsum(torch.softmax(scores, dim=-1).double(), dim=-1)
+    n = torch.sum((cdf <= u.double() * cdf[:, -1:]).to(torch.int64), dim=-1)
+    sampled = torch.clamp(n, max=vocab - 1)
     return torch.where(do_sample, sampled, greedy)
 
 
@@ -229,7 +243,8 @@ class PredictorFrameGraph(nn.Module):
         self.step = PredictorStepGraph(predictor)
         self.codec0 = nn.Parameter(talker.model.codec_embedding.weight.detach().clone(), requires_grad=False)
         self.tables = nn.ParameterList(
-            nn.Parameter(e.weight.detach().clone(), requires_grad=False) for e in predictor.model.codec_embedding
+            nn.Parameter(e.weight.detach().clone(), requires_grad=False)
+            for e in predictor.model.codec_embedding
         )
         cos, sin = rope_tables(max_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("cos", cos, persistent=False)

@@ -176,7 +176,9 @@ def write_tables(talker, directory: str) -> dict:
     out = {}
     for name, weight in tables.items():
         if weight is None:
-            arr = np.stack([e.weight.detach().float().numpy() for e in talker.code_predictor.model.codec_embedding])
+            arr = np.stack(
+                [e.weight.detach().float().numpy() for e in talker.code_predictor.model.codec_embedding]
+            )
         else:
             arr = weight.detach().float().numpy()
         path = os.path.join(directory, name + ".npy")
@@ -213,3 +215,111 @@ def write_json(path: str, data: dict) -> None:
         json.dump(data, fh, indent=2, sort_keys=True)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- bundle
+
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+
+
+def read_manifest(bundle: str) -> dict:
+    path = os.path.join(bundle, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read bundle manifest '{path}' ({exc}); re-run 'qtts export onnx'") from exc
+
+
+def _graph_meta(cfg, **extra) -> dict:
+    return {
+        "layers": cfg.num_hidden_layers,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        **extra,
+    }
+
+
+def export_generation(talker, out: str, opts: ExportOptions) -> tuple[dict, dict, dict]:
+    """Talker, code predictor, text projection and tables -> (plan entries, graph meta, runtime files)."""
+    from .graphs import rope_tables
+    from .quantize import quantize_file
+
+    cfg, pcfg = talker.cfg, talker.code_predictor.cfg
+    if (pcfg.head_dim, pcfg.rope_theta) != (cfg.head_dim, cfg.rope_theta):
+        raise InputError("talker and code predictor RoPE differ; this exporter shares one table")
+    plan, meta = {}, {}
+    files = {k: v["file"] for k, v in write_tables(talker, os.path.join(out, "tables")).items()}
+    cos, sin = rope_tables(min(cfg.max_position_embeddings, 32768), cfg.head_dim, cfg.rope_theta)
+    for name, arr in (("rope_cos", cos), ("rope_sin", sin)):
+        _save_npy(os.path.join(out, "tables", name + ".npy"), arr.numpy().astype(np.float32))
+        files[name] = f"tables/{name}.npy"
+    export_text_projection(talker, os.path.join(out, "text_projection.onnx"))
+    files["text_projection"] = "text_projection.onnx"
+    if "talker" in opts.components:
+        name = f"talker.{opts.talker}.onnx"
+        io = export_talker(talker, os.path.join(out, name))
+        q = quantize_file(os.path.join(out, name), opts.talker, opts.block_size)
+        plan["talker"] = {"impl": "onnx", "artifacts": {"main": name}, "precision": opts.talker}
+        meta["talker"] = _graph_meta(cfg, io=io, quantization=q)
+    if "code_predictor" in opts.components:
+        mode = opts.predictor_mode
+        if mode not in PREDICTOR_MODES:
+            raise InputError(f"unknown predictor mode '{mode}'; use one of {', '.join(PREDICTOR_MODES)}")
+        name = f"code_predictor.{mode}.{opts.code_predictor}.onnx"
+        fn = export_predictor_frame if mode == "frame" else export_predictor_step
+        io = fn(talker, os.path.join(out, name))
+        q = quantize_file(os.path.join(out, name), opts.code_predictor, opts.block_size)
+        plan["code_predictor"] = {
+            "impl": "onnx",
+            "artifacts": {"main": name},
+            "precision": opts.code_predictor,
+        }
+        meta["code_predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=17)
+    return plan, meta, files
+
+
+def export_bundle(model_dir: str, out: str, opts: ExportOptions) -> dict:
+    """Export everything ``opts`` asks for into ``out``; returns the plan (also written to plan.json)."""
+    from .. import __version__
+    from ..weights import load_checkpoint, resolve_snapshot
+
+    snapshot = resolve_snapshot(model_dir)
+    os.makedirs(out, exist_ok=True)
+    plan, meta, files = {}, {}, {}
+    if {"talker", "code_predictor"} & set(opts.components):
+        ckpt = load_checkpoint(snapshot, components=("talker",))
+        plan, meta, files = export_generation(ckpt.model.talker, out, opts)
+        del ckpt
+    if "speech_decoder" in opts.components and opts.vocoder_main > 0:
+        entry, vmeta = export_speech_decoder(snapshot, out, opts)
+        plan["speech_decoder"] = entry
+        meta["speech_decoder"] = vmeta
+    manifest = {
+        "qtts_version": __version__,
+        "opset": OPSET,
+        "source": {"checkpoint_sha256": checkpoint_hash(snapshot)},
+        "precision": {k: v.get("precision", "fp32") for k, v in plan.items()},
+        "graphs": meta,
+        "runtime_files": files,
+        "options": {"block_size": opts.block_size, "predictor_mode": opts.predictor_mode},
+    }
+    write_json(os.path.join(out, MANIFEST), manifest)
+    write_json(os.path.join(out, PLAN), plan)
+    return plan
+
+
+def export_speech_decoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
+    """The streaming vocoder step for the first and main chunk sizes (VOCODER helper's exporter)."""
+    from . import vocoder as vexport
+
+    artifacts, meta = {}, {}
+    for key, b in (("first", opts.vocoder_first), ("main", opts.vocoder_main)):
+        if b <= 0 or (key == "first" and b == opts.vocoder_main):
+            continue
+        name = f"speech_decoder.b{b}.onnx"
+        info = vexport.export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, name))
+        artifacts[key] = name
+        meta[key] = {"codes_length": b, "info": info if isinstance(info, dict) else None}
+    return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta

@@ -1,0 +1,213 @@
+"""The onnxruntime backend: the seam of :mod:`qtts.backends.base` over an exported bundle.
+
+No torch anywhere: embeddings are numpy tables (memory-mapped ``.npy``), the text projection,
+talker and code predictor are ONNX graphs (see :mod:`qtts.export.graphs`).
+
+* Talker KV: one preallocated ``[1, kv_heads, max_len, head_dim]`` OrtValue per layer and kind,
+  bound as *both* the past input and the present output of GroupQueryAttention (I/O binding),
+  so each step writes only its new slots in place: no per-step KV copies.
+* Code predictor: either the fused frame graph (15 steps and the sampling in one run; host
+  uniforms keep the loop's seeded random stream) or the per-step graph with a 17-slot in-place
+  cache, fetching only ``logits_j`` of each step and sampling with :func:`qtts.generate.pick_residual`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, require
+from .base import sample_residuals
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THREADS = 2
+
+
+def session_options(threads: int | None = None, spinning: bool = True):
+    """ORT session options used for every graph: full graph optimization, ``threads`` intra-op."""
+    ort = require("onnxruntime", "onnx", "the onnx backend")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = int(threads or DEFAULT_THREADS)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+def open_session(path: str, threads: int | None = None, spinning: bool = True):
+    ort = require("onnxruntime", "onnx", "the onnx backend")
+    if not os.path.isfile(path):
+        raise InputError(f"ONNX artifact '{path}' not found; re-run 'qtts export onnx' or fix the plan")
+    return ort.InferenceSession(path, session_options(threads, spinning), providers=["CPUExecutionProvider"])
+
+
+class _KVBinding:
+    """Preallocated per-layer KV OrtValues bound as GQA past *and* present of one session."""
+
+    def __init__(self, session, layers: int, shape: tuple, cos: np.ndarray, sin: np.ndarray, outputs: list):
+        ort = require("onnxruntime", "onnx", "the onnx backend")
+        self.io = session.io_binding()
+        self.session = session
+        for name in outputs:  # bound first: io.get_outputs() keeps this order
+            self.io.bind_output(name)
+        self.buffers = []
+        for i in range(layers):
+            for kind in ("key", "value"):
+                buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=np.float32))
+                self.io.bind_ortvalue_input(f"past_{kind}_{i}", buf)
+                self.io.bind_ortvalue_output(f"present_{kind}_{i}", buf)
+                self.buffers.append(buf)
+        self.cos, self.sin = cos, sin  # kept alive: bound by pointer
+        self.io.bind_cpu_input("cos_cache", cos)
+        self.io.bind_cpu_input("sin_cache", sin)
+        self.max_len = shape[2]
+
+    def run(self, embeds: np.ndarray, pos: int) -> list:
+        t = embeds.shape[1]
+        if pos < 0 or pos + t > self.max_len:
+            raise InputError(f"positions {pos}..{pos + t - 1} do not fit a KV state of {self.max_len} slots")
+        self.io.bind_cpu_input("embeds", embeds)
+        self.io.bind_cpu_input("seqlens_k", np.array([pos + t - 1], dtype=np.int32))
+        self.io.bind_cpu_input("total_len", np.array(pos + t, dtype=np.int32))
+        self.session.run_with_iobinding(self.io)
+        return self.io.get_outputs()
+
+
+@dataclass
+class TalkerState:
+    """Talker KV state of one generation (preallocated OrtValues + their I/O binding)."""
+
+    binding: Any
+    max_len: int
+    extra: dict = field(default_factory=dict)
+
+
+class OnnxBackend:
+    """Talker + code predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
+
+    def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = True):
+        """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest graph info."""
+        self.threads = threads
+        self.meta = meta
+        load = lambda key: np.load(artifacts[key], mmap_mode="r")  # noqa: E731
+        self.text_table = load("text_embedding")
+        self.codec_table = np.ascontiguousarray(load("codec_embedding"))
+        self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"))
+        self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
+        self.hidden_size = int(self.codec_table.shape[1])
+        self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
+        self.talker_sess = open_session(artifacts["talker"], threads, spinning)
+        self.predictor_mode = meta["code_predictor"]["mode"]
+        self.predictor_sess = open_session(artifacts["code_predictor"], threads, spinning)
+        self._pred_binding = None
+
+    # -- embeddings (numpy tables + the text projection graph) ----------------------------------------
+    def text_embeds(self, ids: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(
+            self.text_table[np.asarray(ids, dtype=np.int64).reshape(-1)], dtype=np.float32
+        )
+        if len(rows) == 0:
+            return np.zeros((0, self.hidden_size), np.float32)
+        return self.text_proj.run(None, {"rows": rows})[0]
+
+    def codec_embeds(self, ids: np.ndarray) -> np.ndarray:
+        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)]
+
+    def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(codes, dtype=np.int64).reshape(-1, 16)
+        parts = [self.codec_table[codes[:, 0]]]
+        parts += [self.predictor_tables[j][codes[:, j + 1]] for j in range(codes.shape[1] - 1)]
+        return np.stack(parts, axis=1).sum(axis=1, dtype=np.float32)
+
+    # -- talker ----------------------------------------------------------------------------------------
+    def new_state(self, max_len: int) -> TalkerState:
+        t = self.meta["talker"]
+        max_len = int(max_len)
+        if max_len > len(self.rope_cos):
+            raise InputError(f"max_len {max_len} exceeds the talker's {len(self.rope_cos)} positions")
+        shape = (1, t["kv_heads"], max_len, t["head_dim"])
+        cos = np.ascontiguousarray(self.rope_cos[:max_len])
+        sin = np.ascontiguousarray(self.rope_sin[:max_len])
+        binding = _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
+        return TalkerState(binding, max_len)
+
+    def talker(self, embeds: np.ndarray, pos: int, state: TalkerState):
+        x = np.ascontiguousarray(np.asarray(embeds, dtype=np.float32)[None])
+        logits, hidden = state.binding.run(x, int(pos))[:2]
+        return logits.numpy()[0], hidden.numpy()[0], state
+
+    # -- code predictor --------------------------------------------------------------------------------
+    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
+        if self.predictor_mode == "frame":
+            return self._predict_fused(hidden, code0, params, uniforms)
+        return self._predict_steps(hidden, code0, params, uniforms)
+
+    def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
+        vocab = int(self.predictor_tables.shape[1])
+        top_k = int(params.top_k) if params.top_k else vocab
+        feeds = {
+            "hidden": np.asarray(hidden, dtype=np.float32).reshape(1, -1),
+            "code0": np.array([int(code0)], dtype=np.int64),
+            "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(15),
+            "temperature": np.array([params.temperature or 1.0], dtype=np.float32),
+            "top_k": np.array([min(max(top_k, 1), vocab)], dtype=np.int64),
+            "top_p": np.array([1.0 if params.top_p is None else params.top_p], dtype=np.float32),
+            "do_sample": np.array([bool(params.do_sample)]),
+        }
+        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
+
+    def _predict_steps(self, hidden, code0, params, uniforms) -> np.ndarray:
+        p = self.meta["code_predictor"]
+        if self._pred_binding is None:
+            shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
+            cos = np.ascontiguousarray(self.rope_cos[: p["max_len"]])
+            sin = np.ascontiguousarray(self.rope_sin[: p["max_len"]])
+            self._pred_binding = _KVBinding(self.predictor_sess, p["layers"], shape, cos, sin, [])
+        binding = self._pred_binding
+        h = np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1)
+
+        def step_logits(j: int, code: int) -> np.ndarray:
+            if j == 0:
+                x, pos = np.concatenate([h, self.codec_table[[code]][None]], axis=1), 0
+            else:
+                x, pos = self.predictor_tables[j - 1][[code]][None], j + 1
+            binding.io.bind_output(f"logits_{j}")
+            out = binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)
+            binding.io.clear_binding_outputs()
+            for i in range(p["layers"]):
+                for k, kind in enumerate(("key", "value")):
+                    binding.io.bind_ortvalue_output(f"present_{kind}_{i}", binding.buffers[2 * i + k])
+            return out[0].numpy()[0]
+
+        return sample_residuals(step_logits, code0, params, uniforms)
+
+
+def _artifact_path(entry: Any, key: str = "main") -> str:
+    artifacts = entry.get("artifacts") if isinstance(entry, dict) else getattr(entry, "artifacts", None)
+    if not artifacts or key not in artifacts:
+        raise InputError(f"plan entry {entry!r} has no '{key}' artifact; re-run 'qtts export onnx'")
+    path = artifacts[key]
+    return os.fspath(getattr(path, "path", path))
+
+
+def create(snapshot_dir: str, components: dict, checkpoint=None, dtype: str = "float32", threads=None):
+    """Factory for ``impl: onnx`` (see :data:`qtts.backends.FACTORIES`); the bundle manifest lies
+    next to the talker graph and names the tables and the text projection."""
+    from ..export.onnx import read_manifest
+
+    if "talker" not in components or "code_predictor" not in components:
+        raise InputError("an onnx plan must name both 'talker' and 'code_predictor' (impl: onnx)")
+    talker_path = _artifact_path(components["talker"])
+    bundle = os.path.dirname(os.path.abspath(talker_path))
+    manifest = read_manifest(bundle)
+    artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
+    artifacts["talker"] = talker_path
+    artifacts["code_predictor"] = _artifact_path(components["code_predictor"])
+    return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
