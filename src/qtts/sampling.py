@@ -51,7 +51,11 @@ def top_k_filter(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def top_p_filter(scores: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
-    """HF TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - p."""
+    """HF TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - p.
+
+    Exactly tied scores are ordered by id (stable sort); HF inherits torch's unstable sort
+    there, so only exact ties at the cut can differ.
+    """
     order = np.argsort(scores, kind="stable")  # ascending, as HF sorts
     cum = np.cumsum(softmax(scores[order]))
     remove = cum <= np.float32(1.0 - p)
