@@ -47,7 +47,7 @@ class FakeRuntime(Runtime):
         spk = -1
         if mode.xvector:
             text_ids.insert(6, 151671)
-            codec.insert(6, 0)
+            codec.insert(6, -1)
             spk = 6
         return FakePrompt(text_ids, codec, ids[1:] + [151673], speaker_pos=spk), len(ids)
 
