@@ -1,0 +1,180 @@
+"""The stateful VocoderStep and the streaming decoders reproduce the offline decode (fp32 >= 100 dB)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import shared_reference
+from qtts.audio import snr_db
+from qtts.decoders import (
+    FixedStepDecoder,
+    TorchFullDecoder,
+    TorchStepDecoder,
+    create_decoder,
+    rope_freqs,
+)
+from qtts.errors import InputError
+from qtts.model.vocoder_step import CacheLayout, VocoderStep, step_decode
+from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
+
+FRAMES = 310  # > 4 windows of 72
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_snapshot, one_thread):  # noqa: F811
+    decoder = load_decoder(tiny_snapshot())
+    codes = random_codes(FRAMES, seed=11)
+    steps: dict[int, VocoderStep] = {}
+
+    def step_for(b):
+        if b not in steps:
+            steps[b] = VocoderStep(decoder, b).eval()
+        return steps[b]
+
+    return decoder, codes, full_decode(decoder, codes), step_for
+
+
+@pytest.mark.parametrize("b", [1, 2, 4, 16, 64])
+def test_fixed_step_matches_full_decode(tiny, b):
+    decoder, codes, ref, step_for = tiny
+    schedule = [b] * (FRAMES // b) + ([FRAMES % b] if FRAMES % b else [])
+    out = step_decode(step_for, decoder, torch.from_numpy(codes.T[None].copy()), schedule)
+    assert len(out) == len(ref)
+    assert snr_db(ref, out) >= 100.0
+
+
+def test_mixed_schedule_first_then_main_then_remainder(tiny):
+    decoder, codes, ref, step_for = tiny
+    schedule = [2] + [16] * 19 + [4]  # a small first step hands its cache to B=16 steps
+    assert sum(schedule) == FRAMES
+    out = step_decode(step_for, decoder, torch.from_numpy(codes.T[None].copy()), schedule)
+    assert snr_db(ref, out) >= 100.0
+
+
+def test_cache_layout_is_data_and_independent_of_b(tiny):
+    decoder, _, _, step_for = tiny
+    layout = CacheLayout.from_config(decoder.config)
+    off = 0
+    for e in layout.entries:
+        assert e.offset == off and e.size == int(np.prod(e.shape)) > 0
+        decoder.get_submodule(e.name.rsplit(".", 1)[0] if e.name.endswith((".k", ".v")) else e.name)
+        off += e.size
+    assert layout.size == off
+    assert step_for(1).cache_size == step_for(64).cache_size == layout.size
+    assert layout.kv_slots == decoder.config.sliding_window - 1 == 71
+
+
+def test_full_size_layout():
+    from qtts.config import SpeechTokenizerConfig
+
+    path = shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
+    layout = CacheLayout.from_config(SpeechTokenizerConfig.from_file(path).decoder_config)
+    assert layout["pre_transformer.layers.7.v"].shape == (16, 71, 64)
+    assert layout["pre_conv"].shape == (512, 2)
+    assert layout["decoder.1.block.1"].shape == (1536, 1)  # transposed conv k=16 s=8: one frame
+    assert layout["decoder.4.block.4.conv1"].shape == (96, 54)  # k7 dilation 9
+    assert "upsample.0.0" not in [e.name for e in layout.entries]  # k == stride: no history
+    kv = 8 * 2 * 16 * 71 * 64
+    assert layout.size == kv + sum(e.size for e in layout.entries if not e.name.endswith((".k", ".v")))
+
+
+def test_phantom_slots_cannot_leak(tiny):
+    """With cache_valid = 0 the KV slots are masked: garbage there changes nothing."""
+    decoder, codes, _, step_for = tiny
+    step = step_for(4)
+    clean = step.init_cache()
+    dirty = clean.clone()
+    for e in step.layout.entries:
+        if e.name.endswith((".k", ".v")):
+            dirty[e.offset : e.offset + e.size] = torch.randn(e.size) * 3
+    args = (torch.from_numpy(codes[:4].T[None].copy()), step.rope_freqs(0))
+    with torch.inference_mode():
+        a, ca = step(*args, step.cache_valid(0), clean)
+        b, cb = step(*args, step.cache_valid(0), dirty)
+        c, cc = step(*args, torch.tensor([71.0]), dirty)
+    conv = [e for e in step.layout.entries if not e.name.endswith((".k", ".v"))]
+
+    def conv_state(cache):
+        return torch.cat([cache[e.offset : e.offset + e.size] for e in conv])
+
+    assert torch.equal(a, b) and torch.equal(conv_state(ca), conv_state(cb))
+    # the count is what masks them: claiming 71 real slots lets the garbage in
+    assert (a - c).abs().max() > 1e-7 and (conv_state(ca) - conv_state(cc)).abs().max() > 1e-4
+
+
+def test_rope_freqs_reduced_and_exact():
+    from qtts.model.vocoder import rope_inv_freq
+
+    inv = rope_inv_freq(64, 10000.0)
+    got = rope_freqs(4000, 64, inv.numpy())
+    assert got.dtype == np.float32 and got.min() >= 0 and got.max() < 2 * np.pi
+    raw = torch.arange(4000, 4064, dtype=torch.float32)[:, None] * inv[None, :]
+    assert np.abs(np.cos(got) - raw.cos().numpy()).max() < 2e-6
+    assert np.abs(np.sin(got) - raw.sin().numpy()).max() < 2e-6
+
+
+def test_torch_step_decoder_streams_exactly(tiny):
+    decoder, codes, ref, _ = tiny
+    dec = TorchStepDecoder(decoder, main=16, first=2)
+    out = feed(dec, codes, [2, 8, 16, 5, 33, 1, 8])  # any sizes; remainders get exact-size steps
+    assert snr_db(ref, out) >= 100.0
+    dec.reset()
+    again = feed(dec, codes[:40], [40])
+    assert np.array_equal(again, out[: 40 * 1920]) or snr_db(out[: 40 * 1920], again) > 120
+
+
+class _TorchBackedFixed(FixedStepDecoder):
+    """The compiled-artifact schedule (pad + pending) driven by torch steps."""
+
+    def __init__(self, decoder, sizes):
+        self.inner = TorchStepDecoder(decoder, main=max(sizes))
+        self.calls: list[int] = []
+        super().__init__(self.inner.contract, sizes)
+
+    def _run(self, size, *args):
+        self.calls.append(size)
+        return self.inner._run(size, *args)
+
+
+def test_fixed_sizes_pad_remainders_without_corrupting_the_cache(tiny):
+    decoder, codes, ref, _ = tiny
+    dec = _TorchBackedFixed(decoder, [16, 4])
+    out = feed(dec, codes[:150], [2, 8, 7, 3, 16, 1, 33, 40, 40])
+    assert set(dec.calls) == {16, 4}
+    assert snr_db(ref[: 150 * 1920], out) >= 100.0
+
+
+def test_full_decoder_streams_exactly(tiny):
+    decoder, codes, ref, _ = tiny
+    out = feed(TorchFullDecoder(decoder), codes[:90], [2, 8])
+    assert snr_db(ref[: 90 * 1920], out) >= 100.0
+
+
+def test_decoder_input_errors(tiny):
+    dec = TorchStepDecoder(tiny[0], main=4)
+    with pytest.raises(InputError):
+        dec.decode(np.zeros((3, 15), dtype=np.int64))
+    with pytest.raises(InputError):
+        dec.decode(-np.ones((2, 16), dtype=np.int64))
+    assert dec.decode(np.zeros((0, 16), dtype=np.int64)).shape == (0,)
+
+
+def test_create_decoder_defaults_to_torch_step(tiny):
+    decoder = tiny[0]
+
+    class Ckpt:
+        class speech_tokenizer:  # noqa: N801
+            pass
+
+    Ckpt.speech_tokenizer.decoder = decoder
+    dec = create_decoder(None, plan={"speech_decoder": {"impl": "torch", "options": {"main": 8}}},
+                         checkpoint_loader=lambda: Ckpt)  # fmt: skip
+    assert isinstance(dec, TorchStepDecoder) and dec.contract.codes_length == 8
+    full = create_decoder(None, plan={"speech_decoder": {"impl": "torch", "options": {"mode": "full"}}},
+                          checkpoint_loader=lambda: Ckpt)  # fmt: skip
+    assert isinstance(full, TorchFullDecoder)
+    assert json.loads(dec.contract.to_json())["cache_size"] == dec.contract.cache_size
