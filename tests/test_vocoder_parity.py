@@ -56,7 +56,7 @@ def test_full_decode_matches_official(tiny_snapshot, one_thread):  # noqa: F811
 
 def test_gqa_short_window_matches_official(one_thread):  # noqa: F811
     """num_key_value_heads < heads and a window of 8 frames, so 40 frames wrap it 5 times."""
-    from qtts.config import _from_dict, DecoderConfig
+    from qtts.config import DecoderConfig, _from_dict
     from qtts.model.vocoder import Decoder
 
     Cfg, OfficialDecoder, _ = _official_classes()
