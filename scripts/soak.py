@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Bounded soak test of the qtts HTTP server: N concurrent streams for a fixed time, loopback only.
+
+Starts a server in this process on a model snapshot (default: a freshly written tiny random
+checkpoint) or talks to ``--url`` (127.0.0.1 / ::1 / localhost only). N client threads send
+speech requests back to back until ``--duration`` seconds or ``--max-requests`` are reached.
+The mix: wav / pcm / opus streams; every 5th request disconnects after its first chunk; every
+7th asks for an unknown voice and must get 404. Anything else that is not a 200 with decodable
+audio of the expected length is an error. RSS (psutil) is sampled over time; growth is measured
+from the end of the warm-up to the end of the run.
+
+Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb``; 1 otherwise.
+
+    .venv/bin/python scripts/soak.py --duration 60 --streams 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from urllib.parse import urlparse
+
+TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Streaming speech, chunk by chunk.",
+         "Numbers like 42 and 1999 are fine too.", "短い文です。", "Ein kurzer Satz."]
+FORMATS = ["wav", "pcm", "opus"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="snapshot dir (default: write a tiny random CustomVoice checkpoint)")
+    p.add_argument("--url", help="soak an already running server (loopback only) instead of starting one")
+    p.add_argument("--pid", type=int, help="with --url: the server's pid, for RSS sampling")
+    p.add_argument("--streams", type=int, default=8, help="concurrent client streams (default 8)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds to run (default 60)")
+    p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
+    p.add_argument("--max-frames", type=int, default=12, help="frames per request (default 12 = 0.96 s)")
+    p.add_argument("--workers", type=int, default=2, help="server engines/worker slots (default 2)")
+    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before the RSS baseline")
+    p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
+    p.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples")
+    p.add_argument("--json", help="write the report as JSON here")
+    return p.parse_args(argv)
+
+
+def check_loopback(url: str) -> str:
+    host = urlparse(url).hostname or ""
+    ok = host == "localhost"
+    try:
+        ok = ok or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if not ok:
+        raise SystemExit(f"soak: refusing non-loopback host {host!r}; the soak only runs against 127.0.0.1/::1")
+    return url.rstrip("/")
+
+
+def start_local(args):
+    """(url, stop) for an in-process server on a tiny checkpoint."""
+    import qtts
+    from qtts.server import ServerSettings, create_app
+    from qtts.server.runner import ServerThread
+
+    model = args.model
+    if model is None:
+        from qtts.random_checkpoint import write_random_checkpoint
+
+        tok = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "configs",
+                           "text-tokenizer-qwen2")
+        out = os.path.join(tempfile.mkdtemp(prefix="qtts-soak-"), "tiny-cv")
+        model = write_random_checkpoint(out, size="tiny", kind="custom_voice", layout="0.6b", seed=0,
+                                        tokenizer_dir=tok if os.path.isdir(tok) else None)
+    engines = [qtts.load(model, threads=1) for _ in range(args.workers)]
+    settings = ServerSettings(max_concurrency=args.workers, max_queue=4 * args.streams,
+                              max_frames=args.max_frames, chunk_frames=4, access_log=False)
+    srv = ServerThread(create_app(engines, settings)).start()
+    return srv.url, srv.stop, engines[0].speakers
+
+
+class Soak:
+    def __init__(self, url: str, args, speaker: str):
+        self.url, self.args, self.speaker = url, args, speaker
+        self.lock = threading.Lock()
+        self.count = 0
+        self.stats = {"ok": 0, "disconnected": 0, "rejected_as_expected": 0, "errors": 0}
+        self.errors: list[str] = []
+        self.deadline = time.monotonic() + args.duration
+
+    def next_index(self) -> int | None:
+        with self.lock:
+            if self.count >= self.args.max_requests or time.monotonic() >= self.deadline:
+                return None
+            self.count += 1
+            return self.count
+
+    def record(self, key: str, error: str | None = None) -> None:
+        with self.lock:
+            self.stats[key] += 1
+            if error and len(self.errors) < 20:
+                self.errors.append(error)
+
+    def one(self, client, i: int) -> None:
+        fmt = FORMATS[i % len(FORMATS)]
+        body = {"model": "qtts", "input": TEXTS[i % len(TEXTS)], "voice": self.speaker, "seed": i,
+                "response_format": fmt}
+        if i % 7 == 0:
+            r = client.post("/v1/audio/speech", json={**body, "voice": "no-such-voice"})
+            ok = r.status_code == 404 and "error" in r.json()
+            return self.record("rejected_as_expected" if ok else "errors", None if ok else f"#{i}: {r.status_code}")
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            if r.status_code != 200:
+                return self.record("errors", f"#{i}: status {r.status_code} {r.read()[:200]!r}")
+            if i % 5 == 0:
+                next(r.iter_raw())
+                return self.record("disconnected")
+            data = r.read()
+        n = self._samples(data, fmt)
+        if fmt != "opus" and n % 1920:
+            return self.record("errors", f"#{i}: {n} samples is not whole frames")
+        if not 0 < n <= self.args.max_frames * 1920 + 2000:
+            return self.record("errors", f"#{i}: {n} samples")
+        self.record("ok")
+
+    @staticmethod
+    def _samples(data: bytes, fmt: str) -> int:
+        import io
+
+        import soundfile as sf
+
+        if fmt == "pcm":
+            return len(data) // 2
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            return len(f.read(dtype="float32"))
+
+    def client_loop(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while (i := self.next_index()) is not None:
+                try:
+                    self.one(client, i)
+                except Exception as exc:  # any client-side failure is a soak error
+                    self.record("errors", f"#{i}: {type(exc).__name__}: {exc}")
+
+
+def sample_rss(proc, samples: list, stop: threading.Event, t0: float, every: float) -> None:
+    while True:
+        samples.append((round(time.monotonic() - t0, 1), proc.memory_info().rss / 2**20))
+        if stop.wait(every):
+            samples.append((round(time.monotonic() - t0, 1), proc.memory_info().rss / 2**20))
+            return
+
+
+def run(args) -> dict:
+    import httpx
+    import psutil
+
+    if args.url:
+        url, stop_server = check_loopback(args.url), (lambda: None)
+        speakers = [v["id"] for v in httpx.get(url + "/v1/voices").json()["data"] if v["type"] == "speaker"]
+        proc = psutil.Process(args.pid) if args.pid else None
+    else:
+        url, stop_server, speakers = start_local(args)
+        proc = psutil.Process()
+    soak = Soak(url, args, speakers[0] if speakers else "vivian")
+    samples: list = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+    sampler = threading.Thread(target=sample_rss, args=(proc, samples, stop, t0, args.sample_every)) if proc else None
+    if sampler:
+        sampler.start()
+    clients = [threading.Thread(target=soak.client_loop) for _ in range(args.streams)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    wall = time.monotonic() - t0
+    stop.set()
+    if sampler:
+        sampler.join()
+    health = httpx.get(url + "/health").json()
+    if health.get("in_flight") or health.get("queue_depth"):
+        soak.record("errors", f"after the run: in_flight={health.get('in_flight')} queue={health.get('queue_depth')}")
+    stop_server()
+    after = [rss for t, rss in samples if t >= args.warmup * args.duration]
+    baseline = after[0] if after else (samples[0][1] if samples else None)
+    growth = samples[-1][1] - baseline if samples else None
+    return {"url": url, "streams": args.streams, "duration_s": round(wall, 1), "requests": soak.count,
+            **soak.stats, "error_samples": soak.errors, "rss_mb": [(t, round(r, 1)) for t, r in samples],
+            "rss_baseline_mb": None if baseline is None else round(baseline, 1),
+            "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    print(f"soak: {report['requests']} requests in {report['duration_s']} s with {report['streams']} streams: "
+          f"ok {report['ok']}, disconnected {report['disconnected']}, "
+          f"rejected as expected {report['rejected_as_expected']}, errors {report['errors']}")
+    for e in report["error_samples"]:
+        print("  error:", e)
+    if report["rss_mb"]:
+        print("soak: RSS MB over time:", " ".join(f"{t}s={r}" for t, r in report["rss_mb"]))
+        print(f"soak: RSS growth after warm-up {report['rss_growth_mb']} MB (bound {args.rss_bound_mb} MB)")
+    failed = report["errors"] > 0 or (report["rss_growth_mb"] or 0) > args.rss_bound_mb
+    print("soak: FAIL" if failed else "soak: PASS")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

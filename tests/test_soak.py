@@ -1,0 +1,39 @@
+"""A short run of scripts/soak.py: 8 concurrent streams on a tiny checkpoint, no errors, bounded RSS."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from conftest import REPO_ROOT
+
+
+def _soak_module():
+    spec = importlib.util.spec_from_file_location("soak", os.path.join(REPO_ROOT, "scripts", "soak.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quick_soak(tiny_snapshot, tmp_path):
+    soak = _soak_module()
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--duration", "5", "--streams", "8",
+                    "--max-frames", "4", "--workers", "2", "--sample-every", "1", "--warmup", "0.3",
+                    "--rss-bound-mb", "100", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    assert report["errors"] == 0 and report["ok"] >= 8
+    assert report["disconnected"] >= 1 and report["rejected_as_expected"] >= 1
+    assert len(report["rss_mb"]) >= 3
+
+
+def test_soak_refuses_remote_hosts():
+    soak = _soak_module()
+    for url in ("http://10.0.0.5:8000", "http://example.com", "http://0.0.0.0:8000"):
+        with pytest.raises(SystemExit, match="non-loopback"):
+            soak.check_loopback(url)
+    assert soak.check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
