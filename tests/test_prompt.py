@@ -151,6 +151,7 @@ CUSTOM_CASES = [
     ("1.7b", "aiden", "english", "Speak angrily and fast.", True),
     ("1.7b", "uncle_fu", "chinese", "用温柔的语气说。", False),
     ("1.7b", "ono_anna", "italian", "", True),
+    ("0.6b", "", "english", None, False),  # no speaker: no speaker slot (official generate allows it)
 ]
 
 
@@ -165,7 +166,7 @@ def test_custom_voice_prompt(setup, monkeypatch, caplog, layout, speaker, langua
         prompt = build_prompt(config, tok, text, language=language, speaker=speaker, instruct=instruct,
                               non_streaming_text=non_streaming)
     assert ("does not support instruct" in caplog.text) == bool(instruct and layout == "0.6b")
-    assert prompt.speaker_pos == -1 and prompt.speaker == speaker.lower()
+    assert prompt.speaker_pos == -1 and prompt.speaker == (speaker.lower() or None)
     assert_same(got, embed(tts, prompt))
 
 
