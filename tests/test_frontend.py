@@ -146,6 +146,18 @@ def test_special_tokens_are_single_ids(ours):
     assert ours.encode("<|im_start|>assistant\n\n") == [151644, 77091, 271]  # the leading-newline quirk
 
 
+@pytest.mark.parity
+def test_standin_tokenizer_json_snapshot(tiny_snapshot):
+    """The byte-level stand-in tokenizer.json of test snapshots loads and matches transformers."""
+    from transformers import AutoTokenizer
+
+    path = tiny_snapshot(kind="base", real_tokenizer=False)
+    ref = AutoTokenizer.from_pretrained(path, fix_mistral_regex=True)
+    ours = TextTokenizer.from_dir(path)
+    for line in corpus()[::5]:
+        assert ours.encode(line) == ref(line)["input_ids"], repr(line)
+
+
 def test_bad_dir_and_bad_regex(tmp_path):
     with pytest.raises(ConfigError, match="vocab.json"):
         TextTokenizer.from_dir(str(tmp_path))
@@ -201,6 +213,12 @@ def test_split_merges_tiny_pieces_and_hard_splits():
     assert split_sentences(long, max_chars=20) == ["one, two, three,", "four, five, six,", "seven, eight"]
     words = "alpha beta gamma delta epsilon zeta eta theta"
     assert all(len(p) <= 12 for p in split_sentences(words, max_chars=12))
+    emoji = "👨‍👩‍👧‍👦🇨🇳🇺🇸👍🏽❤️e\u0301" * 4
+    pieces = split_sentences(emoji, max_chars=9)
+    assert "".join(pieces) == emoji
+    assert all(p[0] not in "\u200d\u0301\ufe0f\U0001f3fd" and p[-1] != "\u200d" for p in pieces)
+    flags = split_sentences("🇨🇳" * 9, max_chars=8)
+    assert all(len(p) % 2 == 0 for p in flags) and "".join(flags) == "🇨🇳" * 9
     cjk = "中" * 50
     assert split_sentences(cjk, max_chars=20) == ["中" * 20, "中" * 20, "中" * 10]
     assert split_sentences("", max_chars=20) == [] and split_sentences(" \n ", max_chars=20) == []

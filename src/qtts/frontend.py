@@ -143,7 +143,7 @@ class TextTokenizer:
         tok_json = os.path.join(path, "tokenizer.json")
         if os.path.isfile(tok_json):
             tok = tk.Tokenizer.from_file(tok_json)
-            if chosen == "fixed" and tok.pre_tokenizer is not None:
+            if chosen == "fixed" and isinstance(tok.pre_tokenizer, tk.pre_tokenizers.Sequence):
                 tok.pre_tokenizer[0] = _split(pattern)  # what transformers patches
         elif os.path.isfile(os.path.join(path, "vocab.json")):
             tok = _build_bpe(path, pattern)
@@ -213,6 +213,17 @@ def _sentence_spans(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if text[a:b].strip()]
 
 
+def _joined(text: str, i: int) -> bool:
+    """True when a cut between text[i-1] and text[i] would split one user-perceived character."""
+    ch, prev = text[i], text[i - 1]
+    if unicodedata.category(ch) in ("Mn", "Me", "Mc") or "\u200d" in (ch, prev):
+        return True
+    if "\ufe00" <= ch <= "\ufe0f" or "\U0001f3fb" <= ch <= "\U0001f3ff":  # variation selector, skin tone
+        return True
+    regional = "\U0001f1e6" <= ch <= "\U0001f1ff" and "\U0001f1e6" <= prev <= "\U0001f1ff"
+    return regional and (len(re.search("[\U0001f1e6-\U0001f1ff]*$", text[:i]).group(0)) % 2 == 1)
+
+
 def _hard_cut(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
     """Cut [start, end) into spans <= max_chars: at clause marks, else spaces, else anywhere."""
     spans = []
@@ -224,8 +235,8 @@ def _hard_cut(text: str, start: int, end: int, max_chars: int) -> list[tuple[int
             cut = max((m.start() + 1 for m in re.finditer(r"\s", window)), default=0)
         if cut == 0:
             cut = max_chars
-            while cut > 1 and unicodedata.combining(text[start + cut]):
-                cut -= 1  # never separate a base character from its combining marks
+            while cut > 1 and _joined(text, start + cut):
+                cut -= 1  # never split a character from its marks, or an emoji sequence
         spans.append((start, start + cut))
         start += cut
     spans.append((start, end))
