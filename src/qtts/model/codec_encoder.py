@@ -9,7 +9,8 @@ Numerics follow the official path (transformers 4.57.3 ``MimiModel.encode`` as w
 
 * Causal convs pad ``k_eff - stride`` on the left and an "extra" right pad that makes the length a
   multiple of the stride (``ceil(L/s)*s - L``); SEANet convs pad with zeros, ``downsample`` replicates.
-  So ``frames == ceil(samples / 1920)``.
+  So ``frames == ceil(samples / 1920)``. (We pad a static ``stride - 1``: same outputs, see
+  :class:`CausalConv`.)
 * The transformer is plain causal: transformers' non-streaming Mimi encode does **not** apply
   ``sliding_window`` (250), so neither do we.
 * Codebook = ``embed_sum / cluster_usage.clamp(min=1e-5)``; nearest code by Euclidean distance computed
@@ -40,21 +41,23 @@ class CausalConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, bias=bias)
         self.causal = cfg.use_causal_conv
-        self.pad_mode = pad_mode or cfg.pad_mode
+        mode = pad_mode or cfg.pad_mode
+        self.pad_mode = "constant" if mode in ("constant", "zero") else mode
         self.stride = stride
         self.padding_total = (kernel - 1) * dilation + 1 - stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        length = x.shape[-1]
-        extra = -(-length // self.stride) * self.stride - length  # ceil(L/s)*s - L
+        # Mimi pads "extra" = ceil(L/s)*s - L on the right so the last partial window is computed.
+        # A static right pad of s-1 gives the same ceil(L/s) outputs with the same values (the
+        # extra samples are zeros, or the replicated last sample, and windows never reach past
+        # them), and it keeps exported graphs free of shape arithmetic.
+        right = self.stride - 1
         if self.causal:
-            left, right = self.padding_total, extra
+            left = self.padding_total
         else:
-            right = self.padding_total // 2
-            left, right = self.padding_total - right, right + extra
-        mode = "constant" if self.pad_mode in ("constant", "zero") else self.pad_mode
+            left, right = self.padding_total - self.padding_total // 2, self.padding_total // 2 + right
         if left or right:
-            x = F.pad(x, (left, right), mode=mode)
+            x = F.pad(x, (left, right), mode=self.pad_mode)
         return self.conv(x)
 
 
@@ -141,7 +144,7 @@ class Attention(nn.Module):
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)  # [B, heads, T, hd]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads, T, hd]
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
