@@ -7,9 +7,7 @@ torch component needs it (a plan that names other runtimes for everything never 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 
 import numpy as np
 
@@ -76,17 +74,14 @@ class Runtime:
         """(Prompt, number of target text tokens) for one text piece."""
         from .prompt import build_prompt
 
-        non_streaming = options.non_streaming_text
-        if non_streaming is None:  # official wrapper defaults
-            non_streaming = mode.kind in ("custom_voice", "voice_design")
         prompt = build_prompt(
-            self.config, self.tokenizer, text, language=mode.language, speaker=mode.speaker,
-            instruct=mode.instruct, xvector=mode.xvector,
+            self.config, self.tokenizer, text, mode=mode.kind, language=mode.language,
+            speaker=mode.speaker, instruct=mode.instruct, has_speaker_vector=mode.xvector,
             ref_text=voice.ref_text if mode.icl else None,
             ref_codes=voice.ref_codes if mode.icl else None,
-            non_streaming=bool(non_streaming),
+            non_streaming_text=options.non_streaming_text,  # None = official wrapper default
         )
-        return prompt, len(self.tokenizer.encode(text))
+        return prompt, int(prompt.text_token_count)
 
     # -- encoders (voice creation) -------------------------------------------------------------
     def speaker_embedding(self, wav_24k: np.ndarray) -> np.ndarray:
@@ -113,20 +108,10 @@ class Runtime:
 
 
 def read_plan(plan):
-    """None, a dict, a Plan object or a path to plan JSON -> plan object (validated by qtts.plan)."""
-    if plan is None or isinstance(plan, dict) or not isinstance(plan, (str, os.PathLike)):
-        return plan
-    try:
-        from . import plan as plan_mod
-    except ImportError:
-        plan_mod = None
-    if plan_mod is not None and hasattr(plan_mod, "load_plan"):
-        return plan_mod.load_plan(os.fspath(plan))
-    try:
-        with open(plan, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read plan '{plan}': {exc}") from exc
+    """None, a dict, a path or a Plan -> a validated :class:`qtts.plan.Plan`."""
+    from .plan import load_plan
+
+    return load_plan(plan)
 
 
 def _impl(plan, component: str) -> str:
@@ -138,37 +123,7 @@ def _impl(plan, component: str) -> str:
 
 
 def make_decoder(rt: Runtime):
-    """The streaming decoder the plan names (``speech_decoder``), torch by default."""
-    try:
-        from . import decoders
-    except ImportError:
-        decoders = None
-    factory = getattr(decoders, "create_decoder", None) if decoders is not None else None
-    if factory is not None:
-        return factory(rt.snapshot_dir, plan=rt.plan, checkpoint_loader=lambda: rt.checkpoint)
-    return FullRedecode(rt.checkpoint.speech_tokenizer.decoder)
+    """The stateful streaming decoder the plan names (``speech_decoder``; torch step by default)."""
+    from .decoders import create_decoder
 
-
-class FullRedecode:
-    """Stopgap streaming decoder: re-runs the offline decode over all codes so far.
-
-    Exact for the causal decoder (the new samples equal the offline decode's tail) but
-    quadratic in length; :mod:`qtts.decoders` replaces it with the stateful step.
-    """
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.reset()
-
-    def reset(self) -> None:
-        self.codes = np.zeros((0, 16), dtype=np.int64)
-
-    def decode(self, codes: np.ndarray) -> np.ndarray:
-        import torch
-
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, 16)
-        done = len(self.codes)
-        self.codes = np.concatenate([self.codes, codes])
-        with torch.inference_mode():
-            wav = self.decoder(torch.from_numpy(self.codes.T.copy())[None])
-        return wav.reshape(-1)[done * 1920 :].float().numpy()
+    return create_decoder(rt.snapshot_dir, plan=rt.plan, checkpoint_loader=lambda: rt.checkpoint)
