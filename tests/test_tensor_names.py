@@ -55,11 +55,11 @@ def test_main_checkpoint_names_and_shapes(name):
 
 
 def test_speech_tokenizer_names_and_shapes():
-    from qtts._random_weights import speech_tokenizer_module
+    from qtts.model.speech_tokenizer import SpeechTokenizer
 
     cfg = SpeechTokenizerConfig.from_file(
         os.path.join(real_config_dir("Qwen3-TTS-12Hz-0.6B-Base"), "speech_tokenizer", "config.json")
     )
     with torch.device("meta"):
-        model = speech_tokenizer_module(cfg)  # qtts SpeechTokenizer (or its two parts)
+        model = SpeechTokenizer(cfg)
     _compare(_ours(model), _reference("speech_tokenizer"))

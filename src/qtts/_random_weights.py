@@ -46,24 +46,11 @@ def main_specs(cfg: ModelConfig) -> list[Spec]:
         return _specs(Qwen3TTS(cfg))
 
 
-def speech_tokenizer_module(cfg: SpeechTokenizerConfig) -> nn.Module:
-    """Our ``SpeechTokenizer`` (decoder + encoder); built from the two parts if the root is not there yet."""
-    try:
-        from .model.speech_tokenizer import SpeechTokenizer
-    except ImportError:
-        from .model.codec_encoder import Encoder
-        from .model.vocoder import Decoder
-
-        root = nn.Module()
-        root.decoder = Decoder(cfg.decoder_config)
-        root.encoder = Encoder(cfg.encoder_config, cfg.encoder_valid_num_quantizers)
-        return root
-    return SpeechTokenizer(cfg)
-
-
 def speech_tokenizer_specs(cfg: SpeechTokenizerConfig) -> list[Spec]:
+    from .model.speech_tokenizer import SpeechTokenizer
+
     with empty_init():
-        return _specs(speech_tokenizer_module(cfg))
+        return _specs(SpeechTokenizer(cfg))
 
 
 def _value(spec: Spec, gen: torch.Generator, std: float, scale_init: dict) -> torch.Tensor:

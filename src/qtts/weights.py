@@ -267,10 +267,10 @@ def _load_main(path: str, config: ModelConfig, components, dtype) -> nn.Module:
 
 
 def _load_speech_tokenizer(path: str, config: ModelConfig, components, dtype) -> nn.Module:
-    from ._random_weights import speech_tokenizer_module
+    from .model.speech_tokenizer import SpeechTokenizer
 
     with empty_init():
-        st = speech_tokenizer_module(config.speech_tokenizer)
+        st = SpeechTokenizer(config.speech_tokenizer)
     drop = []
     for part in ("decoder", "encoder"):
         if part not in components:

@@ -99,27 +99,26 @@ class Attention(nn.Module):
         k = apply_rope(k, cos, sin)
         kv[0, :, :, pos : pos + t] = k
         kv[1, :, :, pos : pos + t] = v
-        keys = _repeat_kv(kv[0, :, :, : pos + t], self.heads // self.kv_heads)
-        values = _repeat_kv(kv[1, :, :, : pos + t], self.heads // self.kv_heads)
-        out = _attend(q, keys, values, mask, self.head_dim**-0.5)  # [B, heads, T, hd]
+        out = grouped_attention(q, kv[0, :, :, : pos + t], kv[1, :, :, : pos + t], mask, self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, kvh, S, hd] -> [B, kvh*groups, S, hd]; kv head j serves q heads j*groups .. j*groups+groups-1."""
-    if groups == 1:
-        return x
-    b, kvh, s, hd = x.shape
-    return x[:, :, None].expand(b, kvh, groups, s, hd).reshape(b, kvh * groups, s, hd)
+def grouped_attention(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """GQA without repeating K/V: ``q [B, heads, T, hd]``, ``k/v [B, kvh, S, hd]`` -> ``[B, heads, T, hd]``.
 
-
-def _attend(q, k, v, mask, scale: float) -> torch.Tensor:
-    """Eager attention: fp32 softmax of scaled scores (official 'eager' numerics)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    Query head h uses kv head ``h // (heads // kvh)`` (the official ``repeat_kv`` order), so the
+    q heads of one kv head are folded into its row dimension. Eager numerics: fp32 softmax of
+    the scaled scores, masked slots get the dtype's minimum.
+    """
+    b, heads, t, hd = q.shape
+    kvh = k.shape[1]
+    groups = heads // kvh
+    qg = q.reshape(b, kvh, groups * t, hd)  # rows ordered (group, t)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [B, kvh, groups*T, S]
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~mask.repeat(groups, 1), torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v)
+    return torch.matmul(probs, v).view(b, heads, t, hd)
 
 
 class MLP(nn.Module):
