@@ -1,0 +1,84 @@
+"""Execution plan JSON: schema validation with clear errors, relative paths, defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qtts.errors import InputError
+from qtts.plan import COMPONENTS, Plan, load_plan, parse_plan, plan_snippet
+
+
+@pytest.fixture
+def plan_dir(tmp_path):
+    (tmp_path / "art").mkdir()
+    for name in ("voc16.onnx", "voc2.onnx", "talker.onnx"):
+        (tmp_path / "art" / name).write_bytes(b"x")
+    return tmp_path
+
+
+def _write(d, data) -> str:
+    path = d / "plan.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_valid_plan_resolves_relative_paths(plan_dir):
+    path = _write(plan_dir, {
+        "version": 1,
+        "speech_decoder": {"impl": "onnx", "artifacts": {"main": "art/voc16.onnx", "first": "art/voc2.onnx"},
+                           "options": {"threads": 2}},
+        "talker": {"impl": "onnx", "artifacts": {"main": str(plan_dir / "art" / "talker.onnx")}, "precision": "int8"},
+    })  # fmt: skip
+    plan = load_plan(path)
+    dec = plan.get("speech_decoder")
+    assert dec.impl == "onnx" and dec.artifact("main") == str(plan_dir / "art" / "voc16.onnx")
+    assert dec.artifact("first") == str(plan_dir / "art" / "voc2.onnx") and dec.options["threads"] == 2
+    assert plan.get("talker").precision == "int8"
+    assert plan.impl("code_predictor") == "torch"  # unnamed components run on torch
+    assert plan.path == str(plan_dir / "plan.json")
+    again = parse_plan(plan.to_dict(), "/")
+    assert again.get("speech_decoder").artifacts == dec.artifacts
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "JSON object"),
+        ({"vocoder": {"impl": "onnx"}}, "unknown component 'vocoder'"),
+        (
+            {"speech_decoder": {"impl": "tensorrt", "artifacts": {"main": "art/voc16.onnx"}}},
+            "'impl' must be one of",
+        ),
+        ({"speech_decoder": {"impl": "onnx"}}, "needs artifacts.main"),
+        ({"speech_decoder": {"impl": "onnx", "artifacts": {"main": "art/none.onnx"}}}, "not found"),
+        ({"speech_decoder": {"impl": "onnx", "artifacts": ["art/voc16.onnx"]}}, "'artifacts' must map"),
+        ({"speech_decoder": {"impl": "onnx", "artifacts": {"main": 3}}}, "'artifacts' must map"),
+        ({"speech_decoder": {"impl": "torch", "options": [1]}}, "'options' must be an object"),
+        ({"speech_decoder": {"impl": "torch", "device": "npu"}}, "unknown keys"),
+        ({"speech_decoder": "onnx"}, "expected an object"),
+        ({"version": 7}, "unsupported plan version"),
+    ],
+)
+def test_invalid_plans_name_the_problem(plan_dir, data, message):
+    with pytest.raises(InputError, match=message):
+        load_plan(_write(plan_dir, data))
+
+
+def test_not_json_and_missing_file(plan_dir):
+    bad = plan_dir / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_plan(str(bad))
+    with pytest.raises(InputError, match="plan file not found"):
+        load_plan(str(plan_dir / "nope.json"))
+
+
+def test_defaults_and_snippet(plan_dir):
+    empty = load_plan(None)
+    assert isinstance(empty, Plan) and all(empty.impl(c) == "torch" for c in COMPONENTS)
+    with pytest.raises(InputError, match="unknown component"):
+        empty.get("vocoder")
+    snippet = json.loads(plan_snippet("speech_decoder", "rknn", {"main": "v.rknn"}))
+    assert snippet == {"speech_decoder": {"impl": "rknn", "artifacts": {"main": "v.rknn"}}}

@@ -1,0 +1,122 @@
+"""ONNX export of the vocoder step: contract read back, RKNN preflight, onnxruntime == torch offline."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from qtts.audio import snr_db
+from qtts.cli import main
+from qtts.decoders import OnnxStepDecoder, create_decoder, read_onnx_contract
+from qtts.errors import InputError
+from qtts.export.vocoder import RISKY_OPS, export_vocoder_onnx, kv_concat_nodes
+from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
+    snap = tiny_snapshot()
+    out = tmp_path_factory.mktemp("voc-onnx")
+    main_r = export_vocoder_onnx(snap, 4, str(out / "voc4.onnx"))
+    first_r = export_vocoder_onnx(snap, 2, str(out / "voc2.onnx"))
+    decoder = load_decoder(snap)
+    codes = random_codes(150, seed=5)
+    return snap, main_r, first_r, decoder, codes, full_decode(decoder, codes)
+
+
+def test_contract_is_read_back_from_the_file(exported):
+    _, main_r, first_r, decoder, _, _ = exported
+    c = read_onnx_contract(main_r["path"])
+    assert (c.codes_length, c.head_dim, c.kv_slots, c.samples_per_frame) == (4, 16, 71, 1920)
+    assert c.cache_size == main_r["cache_size"] == read_onnx_contract(first_r["path"]).cache_size
+    assert len(c.inv_freq) == decoder.config.head_dim // 2
+
+
+def test_graph_is_rknn_friendly(exported):
+    for r in exported[1:3]:
+        assert r["risky_ops"] == [], r["ops"]
+        assert r["kv_concat"] == []
+        assert r["softmax"] == 2  # one attention per layer, all checked
+        assert not set(r["ops"]) & set(RISKY_OPS)
+
+
+def test_kv_concat_check_detects_a_concat_join():
+    import onnx
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Concat", ["hist", "cur"], ["k"], axis=1, name="join"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "k"], ["o"]),
+    ]
+    ins = [
+        helper.make_tensor_value_info(n, f, s)
+        for n, s in (("hist", [1, 3, 4]), ("cur", [1, 2, 4]), ("q", [1, 2, 4]))
+    ]
+    graph = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("o", f, [1, 2, 4])])
+    onnx.checker.check_model(helper.make_model(graph))
+    assert kv_concat_nodes(graph) == ["join", "join"]
+
+
+def test_onnxruntime_stepwise_matches_torch_offline(exported):
+    _, main_r, first_r, _, codes, ref = exported
+    dec = OnnxStepDecoder(main_r["path"], first_r["path"], threads=1)
+    out = feed(dec, codes, [2, 8, 7, 3, 1, 16])  # odd sizes exercise the pad + pending path
+    assert snr_db(ref, out) >= 80.0
+    dec.reset()
+    assert snr_db(ref[: 12 * 1920], feed(dec, codes[:12], [12])) >= 80.0
+
+
+def test_plan_selects_the_onnx_decoder(exported, tmp_path):
+    _, main_r, first_r, _, codes, ref = exported
+    plan = tmp_path / "plan.json"
+    rel = os.path.relpath(main_r["path"], tmp_path)
+    plan.write_text(
+        json.dumps({"speech_decoder": {"impl": "onnx", "artifacts": {"main": rel, "first": first_r["path"]}}})
+    )
+    dec = create_decoder(None, plan=str(plan))
+    assert isinstance(dec, OnnxStepDecoder) and dec.sizes == [4, 2]
+    assert snr_db(ref[: 20 * 1920], feed(dec, codes[:20], [2, 8])) >= 80.0
+
+
+def test_non_step_onnx_is_rejected(exported, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
+    path = tmp_path / "other.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    with pytest.raises(InputError, match="not a qtts vocoder step"):
+        read_onnx_contract(str(path))
+
+
+def test_cli_export_and_verify_exit_codes(exported, tmp_path, capsys):
+    snap = exported[0]
+    out = tmp_path / "v2.onnx"
+    assert (
+        main(["export", "vocoder", "--model", snap, "--codes-length", "2", "-o", str(out), "--frames", "24"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "risky ops for rknn-toolkit2: none" in text and '"impl": "onnx"' in text and out.is_file()
+    assert main(["export", "vocoder", "--model", snap, "--codes-length", "0", "-o", str(out)]) == 2
+    assert (
+        main(["export", "vocoder", "--model", snap, "--codes-length", "2", "-o", str(tmp_path / "x.bin")])
+        == 2
+    )
+    assert (
+        main(["verify", "vocoder", "--model", snap, "--frames", "80", "--chunks", "2,16", "--chunks", "5"])
+        == 0
+    )
+    assert "SNR" in capsys.readouterr().out
+    assert (
+        main(["verify", "vocoder", "--model", snap, "--frames", "20", "--chunks", "4", "--gate", "1000"]) == 1
+    )
+    assert main(["verify", "vocoder", "--model", snap, "--chunks", "a,b"]) == 2
