@@ -143,7 +143,7 @@ def _produce(plan: SpeechPlan, metrics):
         pending = enc.start()  # the header leaves with the first audio, after input validation
         frames, t_start = 0, time.perf_counter()
         stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
-                               language=plan.language, options=plan.options)
+                               language=plan.language, options=_with_cancel(plan.options, cancel))
         try:
             for chunk in stream:
                 if cancel.is_set():
@@ -174,6 +174,14 @@ def _produce(plan: SpeechPlan, metrics):
             _record(stats, metrics)
 
     return run
+
+
+def _with_cancel(options, cancel):
+    """Hand the request's cancel event to the engine when its options take one (a per-frame
+    check); otherwise the worker stops the stream at the next chunk boundary."""
+    if options is not None and "cancel" in {f.name for f in dataclasses.fields(options)}:
+        return dataclasses.replace(options, cancel=cancel)
+    return options
 
 
 def _record(stats: dict, metrics) -> None:
