@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,8 @@ def export_graph(module, args: tuple, path: str, inputs: list, outputs: list, dy
     onnx = require("onnx", "export", "ONNX export")
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as tmp:
         raw = os.path.join(tmp, "raw.onnx")
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer warnings: python ints are static on purpose
             torch.onnx.export(
                 module, args, raw, opset_version=OPSET, dynamo=False, do_constant_folding=True,
                 input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes,
@@ -321,5 +323,6 @@ def export_speech_decoder(snapshot: str, out: str, opts: ExportOptions) -> tuple
         name = f"speech_decoder.b{b}.onnx"
         info = vexport.export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, name))
         artifacts[key] = name
-        meta[key] = {"codes_length": b, "info": info if isinstance(info, dict) else None}
+        info = info if isinstance(info, dict) else {}
+        meta[key] = {k: info[k] for k in ("codes_length", "cache_size", "head_dim", "nodes") if k in info}
     return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta
