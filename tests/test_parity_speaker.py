@@ -7,55 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-import official
+from encoder_helpers import official_speaker_pair, speaker_wav
 from qtts import mel
-from qtts.config import SpeakerEncoderConfig
-from qtts.model.speaker import SpeakerEncoder, embed
+from qtts.model.speaker import embed
 
 pytestmark = pytest.mark.parity
-
-TINY = dict(
-    enc_dim=32, sample_rate=24000, mel_dim=128, enc_channels=[16, 16, 16, 16, 48],
-    enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8,
-    enc_res2net_scale=8, enc_se_channels=8,
-)  # fmt: skip
-
-
-def _official():
-    official.qwen_tts()
-    from qwen_tts.core.models import modeling_qwen3_tts as m
-    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
-
-    return m, Qwen3TTSSpeakerEncoderConfig
-
-
-def _wav(seconds: float, seed: int, silent_tail: float = 0.0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    n = int(seconds * 24000)
-    t = np.arange(n) / 24000
-    f0 = 110 + 60 * np.sin(2 * np.pi * 0.7 * t)
-    y = 0.3 * np.sin(2 * np.pi * np.cumsum(f0) / 24000) + 0.05 * rng.standard_normal(n)
-    y *= 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
-    if silent_tail:
-        y[-int(silent_tail * 24000) :] = 0.0
-    return y.astype(np.float32)
-
 
 WAVS = {"short_1s": (1.0, 0, 0.0), "long_12s": (12.0, 1, 0.0), "silent_tail": (3.0, 2, 1.5)}
 
 
 @pytest.fixture(scope="module")
 def pair():
-    m, cfg_cls = _official()
-    torch.manual_seed(0)
-    ref = m.Qwen3TTSSpeakerEncoder(cfg_cls(**TINY)).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    ours = SpeakerEncoder(SpeakerEncoderConfig(**TINY)).eval()
-    ours.load_state_dict(ref.state_dict(), strict=True)
-    return m, ref, ours
+    return official_speaker_pair()
 
 
 @pytest.mark.parametrize("sr", [24000, 16000, 44100])
@@ -70,7 +33,7 @@ def test_slaney_filters_match_librosa(sr):
 @pytest.mark.parametrize("name", list(WAVS))
 def test_log_mel_matches_official(pair, name):
     m, _, _ = pair
-    y = _wav(*WAVS[name])
+    y = speaker_wav(*WAVS[name])
     ref = m.mel_spectrogram(
         torch.from_numpy(y)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
         hop_size=256, win_size=1024, fmin=0, fmax=12000,
@@ -83,7 +46,7 @@ def test_log_mel_matches_official(pair, name):
 @pytest.mark.parametrize("name", list(WAVS))
 def test_speaker_embedding_matches_official(pair, name):
     m, ref_model, ours = pair
-    y = _wav(*WAVS[name])
+    y = speaker_wav(*WAVS[name])
     with torch.no_grad():
         mels = m.mel_spectrogram(
             torch.from_numpy(y)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
@@ -98,7 +61,7 @@ def test_speaker_embedding_matches_official(pair, name):
 
 def test_speaker_encoder_batch_rows_independent(pair):
     _, _, ours = pair
-    a, b = mel.log_mel(_wav(2.0, 5)), mel.log_mel(_wav(2.0, 6))
+    a, b = mel.log_mel(speaker_wav(2.0, 5)), mel.log_mel(speaker_wav(2.0, 6))
     with torch.no_grad():
         both = ours(torch.from_numpy(np.stack([a, b])))
         one = ours(torch.from_numpy(b)[None])
@@ -140,7 +103,7 @@ def test_snapshot_embedding_equals_official_loader(tiny_snapshot, official_tts):
     ref_model = official_tts(path).model
     ours = load_checkpoint(path, components=("speaker_encoder",)).model.speaker_encoder.eval()
     for name in ("short_1s", "silent_tail"):
-        y = _wav(*WAVS[name])
+        y = speaker_wav(*WAVS[name])
         ref = ref_model.extract_speaker_embedding(y, 24000).float().numpy()
         assert ref.shape == (ref_model.config.talker_config.hidden_size,)
         assert np.abs(embed(ours, y) - ref).max() <= 1e-4 * np.abs(ref).max()
@@ -149,7 +112,7 @@ def test_snapshot_embedding_equals_official_loader(tiny_snapshot, official_tts):
 def test_embedding_from_16k_close_to_official_librosa_path(pair):
     """Non-24 kHz input: official resamples with librosa (soxr_hq), we with mel.resample."""
     m, ref_model, ours = pair
-    y16 = librosa.resample(_wav(3.0, 4), orig_sr=24000, target_sr=16000)
+    y16 = librosa.resample(speaker_wav(3.0, 4), orig_sr=24000, target_sr=16000)
     ref_in = librosa.resample(y16, orig_sr=16000, target_sr=24000)
     with torch.no_grad():
         mels = m.mel_spectrogram(
