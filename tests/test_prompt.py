@@ -227,7 +227,7 @@ def test_wrapper_defaults_and_layout(tiny_snapshot):
     ("base", "0.6b", {"language": "klingon"}, "valid: auto, chinese, english"),
     ("base", "0.6b", {"language": "beijing_dialect"}, "unknown language"),
     ("base", "0.6b", {"mode": "icl", "ref_codes": np.zeros((4, 16), np.int64)}, "ref_text"),
-    ("base", "0.6b", {"mode": "icl", "ref_text": "hi"}, "ref_codes"),
+    ("base", "0.6b", {"mode": "icl", "ref_text": "hi"}, "needs ref_codes"),
     ("base", "0.6b", {"ref_text": "hi", "ref_codes": np.zeros((4, 8), np.int64)}, "shape"),
     ("base", "0.6b", {"ref_text": "hi", "ref_codes": np.full((4, 16), 2048)}, r"\[0, 2048\)"),
     ("custom_voice", "0.6b", {"speaker": "nobody"}, "valid: aiden, dylan, eric"),

@@ -165,6 +165,17 @@ def _tokenize(tokenizer, text: str, ref_text: str | None, instruct: str | None, 
     return role, body, ref_body, instruct_ids
 
 
+def _add_prefix(rows: _Rows, config, prefix: list) -> None:
+    """Codec control positions: T(tts_pad) + C(id) each, T(tts_bos) on the last; 'SPK' = vector slot."""
+    for i, cid in enumerate(prefix):
+        text_id = config.tts_bos_token_id if i == len(prefix) - 1 else config.tts_pad_token_id
+        if cid == "SPK":
+            rows.speaker_pos = len(rows.text)
+            rows.add(text_id)
+        else:
+            rows.add(text_id, cid)
+
+
 def _body_plain(rows: _Rows, config, body: list[int], non_streaming: bool) -> list[int]:
     """Target text without ICL; returns the trailing text ids."""
     t, cfg = config.talker, config
@@ -234,10 +245,8 @@ def build_prompt(config, tokenizer, text: str, *, mode: str | None = None, langu
     unknown = set(aliases) - {"xvector", "non_streaming"}
     if unknown:
         raise TypeError(f"build_prompt() got unexpected keyword arguments {sorted(unknown)}")
-    if has_speaker_vector is None:
-        has_speaker_vector = aliases.get("xvector")
-    if non_streaming_text is None:
-        non_streaming_text = aliases.get("non_streaming")
+    has_speaker_vector = aliases.get("xvector") if has_speaker_vector is None else has_speaker_vector
+    non_streaming_text = aliases.get("non_streaming") if non_streaming_text is None else non_streaming_text
     if not isinstance(text, str):
         raise InputError(f"text must be a string, got {type(text).__name__}")
     mode = resolve_mode(config, mode, speaker, instruct, ref_codes)
@@ -248,22 +257,15 @@ def build_prompt(config, tokenizer, text: str, *, mode: str | None = None, langu
         config, mode, speaker, instruct, has_speaker_vector)
     if non_streaming_text is None:
         non_streaming_text = mode in ("custom_voice", "voice_design")
-    codes = _check_ref_codes(ref_codes) if mode == "icl" else np.zeros((0, NUM_CODEBOOKS), np.int64)
     if mode == "icl" and ref_codes is None:
         raise InputError("ICL voice cloning needs ref_codes (the reference audio's speech codes)")
+    codes = _check_ref_codes(ref_codes) if mode == "icl" else np.zeros((0, NUM_CODEBOOKS), np.int64)
     role, body, ref_body, instruct_ids = _tokenize(tokenizer, text, ref_text, instruct, mode)
 
     rows = _Rows()
     for tok in list(instruct_ids) + list(role):
         rows.add(tok)
-    prefix = _codec_prefix(config, _language_id(config, lang, speaker), speaker_codec, has_vector)
-    for i, cid in enumerate(prefix):
-        text_id = config.tts_bos_token_id if i == len(prefix) - 1 else config.tts_pad_token_id
-        if cid == "SPK":
-            rows.speaker_pos = len(rows.text)
-            rows.add(text_id)
-        else:
-            rows.add(text_id, cid)
+    _add_prefix(rows, config, _codec_prefix(config, _language_id(config, lang, speaker), speaker_codec, has_vector))
     if mode == "icl":
         trailing = _body_icl(rows, config, ref_body, body, len(codes), bool(non_streaming_text))
     else:
