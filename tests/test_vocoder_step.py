@@ -119,7 +119,7 @@ def test_rope_freqs_reduced_and_exact():
 
 def test_torch_step_decoder_streams_exactly(tiny):
     decoder, codes, ref, _ = tiny
-    dec = TorchStepDecoder(decoder, main=16, first=2)
+    dec = TorchStepDecoder(decoder, main=16)
     out = feed(dec, codes, [2, 8, 16, 5, 33, 1, 8])  # any sizes; remainders get exact-size steps
     assert snr_db(ref, out) >= 100.0
     dec.reset()

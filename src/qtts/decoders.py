@@ -155,7 +155,7 @@ class TorchStepDecoder(FixedStepDecoder):
 
     exact_remainder = True
 
-    def __init__(self, decoder, main: int = 16, first: int | None = None, threads: int | None = None):
+    def __init__(self, decoder, main: int = 16, threads: int | None = None):
         from .model.vocoder_step import VocoderStep
 
         self._torch = require("torch", "torch", "the torch vocoder")
@@ -169,7 +169,7 @@ class TorchStepDecoder(FixedStepDecoder):
             probe.samples_per_frame, tuple(float(x) for x in probe.inv_freq()),
             decoder.config.num_quantizers,
         )  # fmt: skip
-        super().__init__(contract, [main] + ([first] if first else []))
+        super().__init__(contract, [main])
 
     def _get(self, size: int):
         if size not in self._steps:
@@ -345,7 +345,8 @@ def _torch_decoder(checkpoint_or_dir):
 def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
     """Build the speech decoder a plan entry (``qtts.plan.ComponentSpec`` or None) asks for.
 
-    torch options: ``mode`` ("step" default | "full"), ``main`` (16), ``first``, ``threads``.
+    torch options: ``mode`` ("step" default | "full"), ``main`` (16), ``threads``. (torch needs no
+    ``first``: a call shorter than ``main`` simply gets a step of its own size.)
     onnx options: ``threads``. rknn options: ``core_mask``.
     """
     impl = getattr(spec, "impl", "torch") if spec is not None else "torch"
@@ -355,7 +356,7 @@ def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
         dec = _torch_decoder(checkpoint_or_dir)
         if opts.get("mode", "step") == "full":
             return TorchFullDecoder(dec)
-        return TorchStepDecoder(dec, int(opts.get("main", 16)), opts.get("first"), opts.get("threads"))
+        return TorchStepDecoder(dec, int(opts.get("main", 16)), opts.get("threads"))
     if impl == "onnx":
         return OnnxStepDecoder(arts["main"], arts.get("first"), opts.get("threads"))
     if impl == "rknn":
