@@ -214,9 +214,8 @@ def test_wrapper_defaults_and_layout(tiny_snapshot):
                        ref_codes=np.zeros((38, 16), np.int64))
     assert icl.mode == "icl" and icl.length == 48 and icl.trailing_text_ids.tolist() == [151671]
     assert icl.icl_frame.tolist()[-38:] == list(range(38))
-    # the runtime's alias spellings
-    alias = build_prompt(config, tok, TEXT, language="english", xvector=False, non_streaming=True)
-    assert alias.speaker_pos == -1 and alias.non_streaming_text
+    bare = build_prompt(config, tok, TEXT, language="english", has_speaker_vector=False, non_streaming_text=True)
+    assert bare.speaker_pos == -1 and bare.non_streaming_text and bare.length == 19
 
 
 @pytest.mark.parametrize("kind,layout,kwargs,match", [

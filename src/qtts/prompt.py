@@ -233,20 +233,14 @@ def _conditioning(config, mode, speaker, instruct, has_speaker_vector):
 def build_prompt(config, tokenizer, text: str, *, mode: str | None = None, language: str | None = "auto",
                  speaker: str | None = None, instruct: str | None = None, ref_text: str | None = None,
                  ref_codes=None, has_speaker_vector: bool | None = None,
-                 non_streaming_text: bool | None = None, **aliases) -> Prompt:
+                 non_streaming_text: bool | None = None) -> Prompt:
     """The official talker prompt for ``text`` (see the module docstring and docs/text.md).
 
     ``mode``: 'xvector' | 'icl' (Base) | 'custom_voice' | 'voice_design'; None = from the
     checkpoint type (Base: 'icl' when ``ref_codes`` are given). ``non_streaming_text`` None =
     the official wrapper default (False for Base, True otherwise). ``has_speaker_vector`` None =
-    True for Base modes. The runtime's spellings ``xvector=`` / ``non_streaming=`` are accepted
-    as aliases of ``has_speaker_vector=`` / ``non_streaming_text=``.
+    True for Base modes (False = a Base prompt without a speaker slot).
     """
-    unknown = set(aliases) - {"xvector", "non_streaming"}
-    if unknown:
-        raise TypeError(f"build_prompt() got unexpected keyword arguments {sorted(unknown)}")
-    has_speaker_vector = aliases.get("xvector") if has_speaker_vector is None else has_speaker_vector
-    non_streaming_text = aliases.get("non_streaming") if non_streaming_text is None else non_streaming_text
     if not isinstance(text, str):
         raise InputError(f"text must be a string, got {type(text).__name__}")
     mode = resolve_mode(config, mode, speaker, instruct, ref_codes)
