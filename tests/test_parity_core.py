@@ -117,3 +117,49 @@ def test_code_predictor_all_15_steps(pair, layout):
         )
         past, steps = ref_out.past_key_values, ref_out.generation_steps
         assert_close(cp.head(j, out), ref_out.logits, f"predictor step {j} (code {j + 1}) logits")
+
+
+@pytest.mark.parametrize("layout", ["1.7b"])
+@torch.no_grad()
+def test_bf16_matches_official_eager_bf16(tiny_snapshot, layout):
+    """bf16 numerics (cast order in RMSNorm, RoPE tables, fp32 softmax) equal the official eager bf16 path.
+
+    A wrong cast order shows up as ~1 bf16 ulp (~0.4-0.8 %) errors; we allow 0.1 % of the scale.
+    """
+    import official
+
+    path = tiny_snapshot(kind="base", layout=layout)
+    ours = load_checkpoint(path, dtype="bfloat16", components=("talker",)).model.talker
+    ref = (
+        official.qwen_tts()
+        .Qwen3TTSModel.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager")
+        .model.talker
+    )
+
+    def close(a, b, what):
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= 1e-3 * b.float().abs().max().item(), f"{what}: bf16 max abs err {err:.3e}"
+
+    embeds = _talker_inputs(ours, PREFILL + 4, seed=5)
+    ref_logits = ref(inputs_embeds=embeds, use_cache=False).logits
+    cache = ours.new_cache(PREFILL + 4)
+    logits, hidden, cache = ours(embeds[:, :PREFILL], 0, cache)
+    close(logits, ref_logits[:, :PREFILL], "prefill logits")
+    for pos in range(PREFILL, PREFILL + 4):
+        logits, hidden, cache = ours(embeds[:, pos : pos + 1], pos, cache)
+        close(logits, ref_logits[:, pos : pos + 1], f"decode logits at {pos}")
+    cp = ours.code_predictor
+    prefill = torch.cat([hidden, ours.embed_codec(torch.tensor([[7]]))], dim=1)
+    out, pcache = cp(prefill, 0, cp.new_cache())
+    ref_out = ref.code_predictor(inputs_embeds=prefill, use_cache=True)
+    close(cp.head(0, out[:, -1:]), ref_out.logits[:, -1:], "predictor prefill logits")
+    for j in range(1, 15):
+        code = torch.tensor([[100 * j]])
+        out, pcache = cp(cp.embed(j - 1, code), j + 1, pcache)
+        ref_out = ref.code_predictor(
+            input_ids=code,
+            past_key_values=ref_out.past_key_values,
+            generation_steps=ref_out.generation_steps,
+            use_cache=True,
+        )
+        close(cp.head(j, out), ref_out.logits, f"predictor step {j} logits")
