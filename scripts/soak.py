@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
     p.add_argument("--max-frames", type=int, default=12, help="frames per request (default 12 = 0.96 s)")
     p.add_argument("--workers", type=int, default=2, help="server engines/worker slots (default 2)")
-    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before the RSS baseline")
+    p.add_argument("--warmup", type=float, default=0.2,
+                   help="fraction of the run's wall time before the RSS baseline (default 0.2)")
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
     p.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples")
     p.add_argument("--json", help="write the report as JSON here")
@@ -187,7 +188,7 @@ def run(args) -> dict:
     if health.get("in_flight") or health.get("queue_depth"):
         soak.record("errors", f"after the run: in_flight={health.get('in_flight')} queue={health.get('queue_depth')}")
     stop_server()
-    after = [rss for t, rss in samples if t >= args.warmup * args.duration]
+    after = [rss for t, rss in samples if t >= args.warmup * wall]
     baseline = after[0] if after else (samples[0][1] if samples else None)
     growth = samples[-1][1] - baseline if samples else None
     return {"url": url, "streams": args.streams, "duration_s": round(wall, 1), "requests": soak.count,

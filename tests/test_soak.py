@@ -21,14 +21,17 @@ def _soak_module():
 def test_quick_soak(tiny_snapshot, tmp_path):
     soak = _soak_module()
     out = tmp_path / "soak.json"
-    rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--duration", "5", "--streams", "8",
+    # a fixed count (the mix is deterministic: 4 disconnects, 3 unknown voices, 17 full streams)
+    # with a generous time cap, so a slow machine changes only the duration
+    rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--max-requests", "24", "--duration", "120",
+                    "--streams", "8",
                     "--max-frames", "4", "--workers", "2", "--sample-every", "1", "--warmup", "0.3",
                     "--rss-bound-mb", "100", "--json", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0, report
-    assert report["errors"] == 0 and report["ok"] >= 8
-    assert report["disconnected"] >= 1 and report["rejected_as_expected"] >= 1
-    assert len(report["rss_mb"]) >= 3
+    assert report["requests"] == 24 and report["errors"] == 0
+    assert (report["ok"], report["disconnected"], report["rejected_as_expected"]) == (17, 4, 3)
+    assert len(report["rss_mb"]) >= 2
 
 
 def test_soak_refuses_remote_hosts():
