@@ -181,3 +181,70 @@ def test_facts():
     tts, _ = make_tts("Qwen3-TTS-12Hz-0.6B-CustomVoice")
     assert tts.model_type == "custom_voice" and "ryan" in tts.speakers and "english" in tts.languages
     assert tts.sample_rate == 24000
+
+
+# -- the real pipeline on a tiny random checkpoint --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_tts(tiny_snapshot):
+    import torch
+
+    import qtts
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield qtts.load(tiny_snapshot(), threads=1)
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("icl", [False, True])
+def test_real_stream_equals_offline_decode(real_tts, icl):
+    import torch
+
+    from qtts.audio import snr_db
+    from qtts.generate import LoopParams, generate
+    from qtts.synthesis_modes import resolve
+
+    rt = real_tts.runtime
+    rng = np.random.default_rng(5)
+    voice = Voice(rng.standard_normal(rt.config.talker.hidden_size).astype(np.float32), model_size="0b6",
+                  ref_codes=rng.integers(0, 2048, (10, 16)) if icl else None, ref_text="Ref." if icl else None)
+    opts = SynthesisOptions(greedy=True, max_frames=20, watchdog=False, split_sentences=False)
+    chunks = list(real_tts.stream("Hello world, streaming test.", voice=voice, options=opts))
+    streamed = np.concatenate([c.samples for c in chunks])
+    # the same codes again (greedy), decoded offline in one call, reference part cut like the official wrapper
+    ro = opts.resolve(rt.config.generation)
+    prompt, _ = rt.build_prompt("Hello world, streaming test.", resolve(rt.config, voice, None, None, None), voice, ro)
+    lp = LoopParams(talker=ro.talker, residual=ro.subtalker, max_frames=20, tts_pad_id=151671, watchdog=None)
+    codes = np.array(list(generate(rt.backend, prompt, lp, speaker=voice.speaker)))
+    full = codes if not icl else np.concatenate([voice.ref_codes, codes])
+    with torch.inference_mode():
+        wav = rt.checkpoint.speech_tokenizer.decoder(torch.from_numpy(full.T.copy())[None]).reshape(-1).numpy()
+    cut = int(len(voice.ref_codes) / len(full) * len(wav)) if icl else 0
+    offline = wav[cut:]
+    assert len(streamed) == len(offline) == 20 * 1920
+    assert snr_db(offline, streamed) >= 100.0
+
+
+def test_real_first_chunk_before_generation_ends(real_tts):
+    be = real_tts.runtime.backend
+    calls = []
+    orig = be.talker
+
+    def counting(*a):
+        calls.append(1)
+        return orig(*a)
+
+    be.talker = counting
+    try:
+        it = real_tts.stream("Hello.", voice=Voice(np.ones(real_tts.config.talker.hidden_size, np.float32) * 0.1,
+                                                   model_size="0b6"),
+                             options=SynthesisOptions(greedy=True, max_frames=20, watchdog=False))
+        first = next(it)
+        at_first = len(calls)
+        rest = list(it)
+    finally:
+        be.talker = orig
+    assert first.num_frames == 2 and len(first.samples) == 2 * 1920
+    assert at_first == 2 and len(calls) > at_first and rest[-1].is_final  # prefill + 1 step per later frame
