@@ -103,3 +103,25 @@ def test_automatic_budget_bounds_a_never_ending_model():
     audio = tts_.synthesize("Hi.", voice=VOICE, options=SynthesisOptions(greedy=True, watchdog=False))
     assert audio.finish_reason == "length"
     assert audio.info["frames"] == 40 + 8 * 3  # frame_budget of 3 tokens
+
+
+@pytest.fixture(scope="module")
+def real_tts(tiny_snapshot):
+    import torch
+
+    import qtts
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield qtts.load(tiny_snapshot(), threads=1)
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDED_TEXTS))
+def test_bounded_real_pipeline(real_tts, name):
+    """The same inputs through the real tokenizer, prompt builder, torch backend and decoder."""
+    voice = VOICE.__class__(np.full(real_tts.config.talker.hidden_size, 0.1, np.float32), model_size="0b6")
+    audio = real_tts.synthesize(BOUNDED_TEXTS[name], voice=voice, options=SynthesisOptions(greedy=True, max_frames=2))
+    assert audio.finish_reason in ("eos", "length", "runaway")
+    assert audio.info["frames"] <= 2 * audio.info["pieces"]
+    assert len(audio.samples) == 1920 * audio.info["frames"] and np.isfinite(audio.samples).all()
