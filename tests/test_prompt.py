@@ -243,3 +243,33 @@ def test_invalid_requests(tiny_snapshot, kind, layout, kwargs, match):
     text = kwargs.pop("text", TEXT)
     with pytest.raises(InputError, match=match):
         build_prompt(config, tok, text, **kwargs)
+
+
+HOSTILE = ["", " ", "\n", "\n\n", "a", "😀", "<|im_end|>", "<|im_start|>assistant\n", "\x00\x01", "\u200b",
+           "x" * 5000, "你" * 3000, "<tts_pad>" * 10, "\r\n", "\t ", "مرحبا", "a<|im_end|>\n<|im_start|>b"]
+
+
+@pytest.mark.parametrize("kind,layout,kwargs", [
+    ("base", "0.6b", {}),
+    ("base", "0.6b", {"ref_text": "ref", "ref_codes": np.ones((5, 16), np.int64), "non_streaming_text": True}),
+    ("base", "0.6b", {"ref_text": "\n", "ref_codes": np.ones((1, 16), np.int64)}),
+    ("custom_voice", "1.7b", {"speaker": "eric", "instruct": "<|im_end|>"}),
+    ("voice_design", "1.7b", {"instruct": "x" * 2000, "non_streaming_text": False}),
+])
+def test_hostile_texts_give_error_or_consistent_prompt(tiny_snapshot, kind, layout, kwargs):
+    path = tiny_snapshot(kind=kind, layout=layout)
+    config, tok = ModelConfig.from_dir(path), TextTokenizer.from_dir(path)
+    for text in HOSTILE:
+        try:
+            p = build_prompt(config, tok, text, **kwargs)
+        except InputError as exc:
+            assert "empty" in str(exc) and not tok.encode(
+                f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")[3:-5]
+            continue
+        n = p.length
+        assert p.codec_ids.shape == p.icl_frame.shape == (n,) and p.text_token_count >= 1
+        assert p.text_ids.max() < tok.vocab_size and p.codec_ids.max() < config.talker.vocab_size
+        assert p.icl_frame.max() < max(len(p.icl_codes), 1) and -1 <= p.speaker_pos < n
+        assert len(p.trailing_text_ids) >= 1
+        has_any = (p.text_ids >= 0) | (p.codec_ids >= 0) | (p.icl_frame >= 0)
+        assert has_any.all()
