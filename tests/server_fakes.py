@@ -2,7 +2,7 @@
 
 It yields deterministic audio (a seeded tone per frame) in chunks like the real engine
 (first_chunk_frames, then chunk_frames), counts the frames it generated, can sleep per frame
-(to make cancellation observable) and fails on demand ("boom" in the text fails before the
+(to make cancellation observable), can block on a gate, and fails on demand ("boom" in the text fails before the
 first chunk, "midfail" after it).
 """
 
@@ -37,9 +37,10 @@ class FakeTTS:
     speakers = ["vivian", "ryan"]
     languages = ["auto", "english", "chinese"]
 
-    def __init__(self, frames_per_char: int = 2, frame_delay: float = 0.0):
+    def __init__(self, frames_per_char: int = 2, frame_delay: float = 0.0, gate: threading.Event | None = None):
         self.frames_per_char = frames_per_char
         self.frame_delay = frame_delay
+        self.gate = gate  # when set: every frame waits for it (holds a worker busy on demand)
         self.frames_generated = 0
         self.active = 0
         self.max_active = 0
@@ -72,6 +73,8 @@ class FakeTTS:
                 n = min(first if done == 0 else size, total - done)
                 frames = []
                 for _ in range(n):
+                    if self.gate is not None:
+                        self.gate.wait(30)
                     time.sleep(self.frame_delay)
                     frames.append(self._frame(rng))
                     with self._lock:

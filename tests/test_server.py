@@ -17,6 +17,7 @@ import pytest
 import qtts
 from qtts.audio import float_to_int16
 from qtts.options import SynthesisOptions
+from qtts.server.worker import Job
 from server_util import (
     REQUEST_ID,
     assert_error,
@@ -40,7 +41,7 @@ def cv(tiny_snapshot, tmp_path_factory):
     voices = tmp_path_factory.mktemp("cv-voices")
     srv, app = start_server(engines, voices_dir=str(voices), max_concurrency=2, max_queue=8, max_frames=48,
                             max_input_chars=MAX_INPUT, max_body_bytes=16 * 1024, chunk_frames=4)
-    srv.engines, srv.voices_dir = engines, str(voices)
+    srv.engines, srv.voices_dir, srv.app = engines, str(voices), app
     yield srv
     srv.stop()
 
@@ -139,21 +140,33 @@ def test_parallel_streams_match_offline(cv):
     assert_healthy(cv.url)
 
 
-def test_disconnect_cancels_generation(cv):
-    """Closing the connection after the first chunk stops generation (frames stop growing)."""
+def test_disconnect_cancels_generation(cv, monkeypatch):
+    """Closing the connection after the first chunk stops generation: the worker thread ends and
+    at most the chunk in progress when the server noticed (4 frames) is generated after that."""
+    app_metrics = cv.app.state.qtts.metrics
+    at_cancel = []
+    original = Job.cancel
+
+    def recording_cancel(self):
+        if not self.cancel_event.is_set():
+            at_cancel.append(app_metrics.frames.value())
+        original(self)
+
+    monkeypatch.setattr(Job, "cancel", recording_cancel)
     body = {"input": "A long sentence that would take many frames to finish.", "voice": "vivian",
             "seed": 5, "max_frames": 48}
-    before_frames = metric(cv.url, "qtts_frames_generated_total")
+    before_frames = app_metrics.frames.value()
     before_cancel = metric(cv.url, "qtts_requests_cancelled_total")
     with httpx.stream("POST", cv.url + "/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200
         first = next(r.iter_raw())
         assert len(first) == 44 + 2 * FRAME_BYTES
     assert wait_for(lambda: metric(cv.url, "qtts_requests_cancelled_total") == before_cancel + 1, 60)
-    assert wait_for(lambda: metric(cv.url, "qtts_in_flight") == 0, 60)
-    generated = metric(cv.url, "qtts_frames_generated_total") - before_frames
-    # stopped within a chunk or two of the disconnect, far from the 48-frame budget
-    assert 2 <= generated <= 2 + 3 * 4, generated
+    assert wait_for(lambda: metric(cv.url, "qtts_in_flight") == 0, 60)  # worker thread returned
+    assert len(at_cancel) == 1
+    after = app_metrics.frames.value()
+    assert after - at_cancel[0] <= 4, (before_frames, at_cancel, after)
+    assert after - before_frames < 48  # the 48-frame budget was not used up
     assert_healthy(cv.url)
 
 

@@ -14,6 +14,7 @@ import pytest
 from qtts.server import ServerSettings, create_app
 from qtts.server.runner import ServerThread
 from qtts.server.voices import VoiceStore
+from qtts.server.worker import Job
 from server_fakes import FakeTTS, FakeVoice
 from server_util import assert_error, assert_healthy, decode, metric, start_server, wait_for
 
@@ -33,12 +34,12 @@ def test_health_503_until_loaded_then_200():
 
 
 def test_queue_full_gets_429_with_retry_after():
-    eng = FakeTTS(frame_delay=0.05)
+    gate = threading.Event()
+    eng = FakeTTS(gate=gate)
     srv, app = start_server(eng, max_concurrency=1, max_queue=1)
     try:
-        body = {"input": "x" * 40, "response_format": "pcm"}  # 80 frames, ~4 s
         with cf.ThreadPoolExecutor(2) as pool:
-            running = pool.submit(httpx.post, srv.url + "/v1/audio/speech", json=body, timeout=60)
+            running = pool.submit(httpx.post, srv.url + "/v1/audio/speech", json={"input": "blocked"}, timeout=60)
             assert wait_for(lambda: eng.active == 1, 10)
             queued = pool.submit(httpx.post, srv.url + "/v1/audio/speech", json={"input": "ok"}, timeout=60)
             assert wait_for(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1, 10)
@@ -47,9 +48,12 @@ def test_queue_full_gets_429_with_retry_after():
             err = assert_error(r, 429, "busy")
             assert err["type"] == "rate_limit_error"
             assert int(r.headers["retry-after"]) >= 1
+            gate.set()
             assert running.result().status_code == 200 and queued.result().status_code == 200
         assert eng.max_active == 1  # never two generations on the one engine
+        assert metric(srv.url, "qtts_requests_total", route="/v1/audio/speech", method="POST", status="429") == 1
     finally:
+        gate.set()
         srv.stop()
 
 
@@ -84,20 +88,28 @@ def test_failures_stay_inside_their_request():
         srv.stop()
 
 
-def test_disconnect_stops_within_one_chunk():
-    eng = FakeTTS(frames_per_char=50, frame_delay=0.02)
+def test_disconnect_stops_within_one_chunk(monkeypatch):
+    """After the server notices the disconnect, the engine finishes at most the chunk in progress."""
+    eng = FakeTTS(frames_per_char=50, frame_delay=0.01)
+    at_cancel = []
+    original = Job.cancel
+
+    def recording_cancel(self):
+        if not self.cancel_event.is_set():
+            at_cancel.append(eng.frames_generated)
+        original(self)
+
+    monkeypatch.setattr(Job, "cancel", recording_cancel)
     srv, app = start_server(eng, chunk_frames=2)
     try:
         with httpx.stream("POST", srv.url + "/v1/audio/speech", json={"input": "long text"}, timeout=30) as r:
             next(r.iter_raw())
-            at_close = eng.frames_generated
-        assert wait_for(lambda: eng.active == 0, 10)
-        # at most the chunk being generated when the disconnect was noticed, plus one
-        assert eng.frames_generated - at_close <= 2 * 2, (at_close, eng.frames_generated)
+        assert wait_for(lambda: eng.active == 0, 10)  # the engine generator was closed
+        assert len(at_cancel) == 1
+        assert eng.frames_generated - at_cancel[0] <= 2, (at_cancel, eng.frames_generated)
+        assert eng.frames_generated < 450  # far from the 450-frame utterance
         time.sleep(0.2)
-        settled = eng.frames_generated
-        time.sleep(0.3)
-        assert eng.frames_generated == settled < 450
+        assert eng.active == 0 and eng.frames_generated - at_cancel[0] <= 2
         assert metric(srv.url, "qtts_requests_cancelled_total") == 1
         assert_healthy(srv.url)
     finally:
