@@ -8,6 +8,7 @@ torch component needs it (a plan that names other runtimes for everything never 
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -34,9 +35,8 @@ class Runtime:
              backend=None) -> Runtime:
         from .backends import create_backend
         from .frontend import TextTokenizer
-        from .weights import resolve_snapshot
 
-        snapshot = resolve_snapshot(model)
+        snapshot = _snapshot_dir(model)
         config = ModelConfig.from_dir(snapshot)
         plan = read_plan(plan)
         tokenizer = TextTokenizer.from_dir(snapshot)
@@ -105,6 +105,15 @@ class Runtime:
         with torch.inference_mode():
             codes = enc.encode(torch.from_numpy(np.ascontiguousarray(wav_24k, dtype=np.float32))[None])
         return codes[0].cpu().numpy().astype(np.int64)
+
+
+def _snapshot_dir(model) -> str:
+    """A local snapshot directory as is (no torch import); hub ids through qtts.weights."""
+    if os.path.isdir(model):
+        return os.path.abspath(model)
+    from .weights import resolve_snapshot
+
+    return resolve_snapshot(model)
 
 
 def read_plan(plan):
