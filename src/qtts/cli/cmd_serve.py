@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import logging
 import threading
@@ -83,7 +84,8 @@ def run(args) -> int:
 
     require("fastapi", "serve", "qtts serve")
     require("uvicorn", "serve", "qtts serve")
-    require("multipart", "serve", "voice uploads")
+    if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
+        require("python_multipart", "serve", "voice uploads (python-multipart)")
     from ..server import create_app
     from ..server.runner import serve_forever
 
