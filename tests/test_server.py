@@ -266,10 +266,32 @@ def test_voice_upload_use_delete(base):
     assert_error(httpx.post(url + "/v1/voices", files=files, data={"name": "alice"}, timeout=60), 409, "exists")
     r = speak(url, input="Cloned speech.", voice="alice", seed=2, max_frames=4, response_format="pcm")
     assert r.status_code == 200 and len(r.content) == 4 * FRAME_BYTES
+    # with a transcript the voice keeps reference codes (ICL cloning); ids are generated when unnamed
+    r = httpx.post(url + "/v1/voices", files={"file": ("ref.flac", _flac(wav_bytes(2.0, seed=3)), "audio/flac")},
+                   data={"ref_text": "This is the reference transcript."}, timeout=120)
+    assert r.status_code == 201, r.text
+    icl_id = r.json()["id"]
+    assert icl_id.startswith("voice_") and r.json()["ref_text"] == "This is the reference transcript."
+    voice = qtts.Voice.load(str(base.voices_dir / f"{icl_id}.voice"))
+    assert voice.icl and voice.ref_codes.shape[1] == 16
+    r = speak(url, input="In context.", voice=icl_id, seed=2, max_frames=3, response_format="pcm")
+    assert r.status_code == 200 and len(r.content) == 3 * FRAME_BYTES
+    assert httpx.delete(url + "/v1/voices/" + icl_id).json()["deleted"] is True
     assert httpx.delete(url + "/v1/voices/alice").json()["deleted"] is True
     assert_error(speak(url, input="gone", voice="alice"), 404, "unknown voice")
     # without a voice a Base model cannot speak: a clear 400
     assert_error(speak(url, input="no voice"), 400, "voice")
+
+
+def _flac(wav: bytes) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    data, sr = sf.read(io.BytesIO(wav), dtype="float32")
+    buf = io.BytesIO()
+    sf.write(buf, data, sr, format="FLAC")
+    return buf.getvalue()
 
 
 def test_hostile_uploads(base):
