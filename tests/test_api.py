@@ -248,3 +248,24 @@ def test_real_first_chunk_before_generation_ends(real_tts):
         be.talker = orig
     assert first.num_frames == 2 and len(first.samples) == 2 * 1920
     assert at_first == 2 and len(calls) > at_first and rest[-1].is_final  # prefill + 1 step per later frame
+
+
+def test_real_concurrent_streams_do_not_interfere(real_tts):
+    import threading
+
+    voice = Voice(np.full(real_tts.config.talker.hidden_size, 0.1, np.float32), model_size="0b6")
+    opts = SynthesisOptions(greedy=True, max_frames=10, watchdog=False)
+    texts = ["Hello there.", "A different sentence entirely."]
+    expect = [real_tts.synthesize(t, voice=voice, options=opts).samples for t in texts]
+    got = [None, None]
+
+    def work(i):
+        got[i] = real_tts.synthesize(texts[i], voice=voice, options=opts).samples
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e, g in zip(expect, got):
+        np.testing.assert_array_equal(e, g)

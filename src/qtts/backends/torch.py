@@ -1,6 +1,7 @@
 """The torch backend: the seam of :mod:`qtts.backends.base` over ``qtts.model`` modules.
 
-Static KV buffers (one talker cache per generation, one reused 17-slot predictor cache),
+Static KV buffers (one talker cache per generation, one reused 17-slot predictor cache per
+thread, so concurrent generations on one backend do not interfere),
 fp32 or bf16 weights, ``torch.inference_mode``. Embeddings cross the seam as float32 numpy;
 inputs are cast to the model dtype inside.
 """
@@ -8,6 +9,7 @@ inputs are cast to the model dtype inside.
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 
@@ -41,7 +43,7 @@ class TorchBackend:
         self.hidden_size = int(talker.cfg.hidden_size)
         ref = talker.codec_head.weight
         self.dtype, self.device = ref.dtype, ref.device
-        self._pred_cache = self.predictor.new_cache(17)
+        self._local = threading.local()  # one predictor cache per thread: concurrent streams are safe
 
     def _ids(self, ids) -> object:
         return self._torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
@@ -78,7 +80,9 @@ class TorchBackend:
     def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
-        cache = self._pred_cache
+        cache = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self.predictor.new_cache(17)
 
         def step_logits(j: int, code: int) -> np.ndarray:
             nonlocal cache
@@ -93,7 +97,7 @@ class TorchBackend:
 
         with torch.inference_mode():
             codes = sample_residuals(step_logits, code0, params, uniforms)
-        self._pred_cache = cache
+        self._local.cache = cache
         return codes
 
 
