@@ -203,13 +203,23 @@ def verify_plan(
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["gated"] = all(p.endswith("/fp32") for p in report["components"].values())
     report["passed"] = _gates_pass(report) if report["gated"] else None
-    return report
+    return {k: _plain(v) for k, v in report.items()}
+
+
+def _plain(value):
+    """numpy scalars -> python (JSON-friendly); containers recursively."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _gates_pass(report: dict) -> bool:
     voc = report["vocoder_snr_db"]
-    return report["greedy_equal_rate"] >= GATES["greedy_equal_rate"] and (
-        voc is None or voc >= GATES["vocoder_snr_db"]
+    return bool(
+        report["greedy_equal_rate"] >= GATES["greedy_equal_rate"]
+        and (voc is None or voc >= GATES["vocoder_snr_db"])
     )
 
 

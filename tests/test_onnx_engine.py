@@ -1,0 +1,161 @@
+"""ONNX engine on a tiny checkpoint: export fp32/int8/int4, torch == ONNX greedy codes, verify gates,
+deterministic export."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+
+import numpy as np
+import pytest
+
+from qtts.cli import main as qtts_main
+
+
+def _export(snapshot: str, out: str, *extra: str) -> dict:
+    assert qtts_main(["export", "onnx", "--model", snapshot, "-o", out, *extra]) == 0
+    with open(os.path.join(out, "plan.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def snapshot(tiny_snapshot):
+    return tiny_snapshot(kind="custom_voice")
+
+
+@pytest.fixture(scope="module")
+def fp32_bundle(snapshot, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("onnx") / "fp32")
+    _export(snapshot, out, "--vocoder-first", "2", "--vocoder-main", "4")
+    return out
+
+
+@pytest.fixture(scope="module")
+def quantized_bundles(snapshot, tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnxq")
+    out = {}
+    for precision in ("int8", "int4"):
+        out[precision] = str(root / precision)
+        _export(snapshot, out[precision], "--weights", precision, "--components", "talker", "code_predictor")
+    return out
+
+
+def _backends(snapshot: str, bundle: str):
+    from qtts.backends import create_backend
+    from qtts.backends.torch import TorchBackend
+    from qtts.weights import load_checkpoint
+
+    ckpt = load_checkpoint(snapshot, components=("talker",))
+    return TorchBackend(ckpt.model.talker), create_backend(snapshot, os.path.join(bundle, "plan.json"))
+
+
+def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
+    """Greedy talker + predictor frames from a fixed random prompt through the real loop."""
+    from qtts.generate import LoopParams, generate
+    from qtts.options import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    prompt = type("P", (), {})()
+    prompt.text_ids = [151644, 77091, 198, int(rng.integers(1000, 5000)), 151672]
+    prompt.codec_ids = [-1, -1, -1, 2155, 2149]
+    prompt.trailing_text_ids = [int(i) for i in rng.integers(1000, 5000, 6)]
+    prompt.speaker_pos, prompt.icl_frame, prompt.icl_codes = -1, None, None
+    greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05)
+    lp = LoopParams(
+        talker=greedy, residual=greedy, max_frames=frames, tts_pad_id=151671, watchdog=None, seed=0
+    )
+    return np.asarray(list(generate(backend, prompt, lp)), dtype=np.int64)
+
+
+def test_fp32_bundle_layout_and_manifest(fp32_bundle, snapshot):
+    from qtts.export.onnx import checkpoint_hash
+    from qtts.plan import load_plan
+
+    plan = load_plan(os.path.join(fp32_bundle, "plan.json"))
+    for name in ("talker", "code_predictor", "speech_decoder"):
+        assert plan.get(name).impl == "onnx"
+        assert os.path.isfile(plan.get(name).artifact("main"))
+    assert os.path.isfile(plan.get("speech_decoder").artifact("first"))
+    with open(os.path.join(fp32_bundle, "manifest.json"), encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    assert manifest["source"]["checkpoint_sha256"] == checkpoint_hash(snapshot)
+    assert manifest["opset"] == 17
+    assert manifest["precision"] == {"talker": "fp32", "code_predictor": "fp32", "speech_decoder": "fp32"}
+
+
+def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
+    ref, test = _backends(snapshot, fp32_bundle)
+    a, b = _greedy_codes(ref, 12), _greedy_codes(test, 12)
+    assert a.shape == (12, 16)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
+    """The in-graph sampler picks what qtts.sampling picks for the same uniforms."""
+    from qtts.backends.base import sample_residuals
+    from qtts.options import SamplingParams
+
+    ref, test = _backends(snapshot, fp32_bundle)
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal(test.hidden_size).astype(np.float32)
+    for top_k, top_p in ((50, 1.0), (0, 0.8), (7, 0.5)):
+        params = SamplingParams(
+            do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
+        )
+        u = rng.random(15)
+        np.testing.assert_array_equal(
+            ref.predict_frame(hidden, 17, params, u), test.predict_frame(hidden, 17, params, u)
+        )
+    assert callable(sample_residuals)
+
+
+def test_verify_plan_fp32_gates_pass(fp32_bundle, snapshot, tmp_path):
+    report_path = str(tmp_path / "fid.md")
+    code = qtts_main(["verify", "plan", "--model", snapshot, "--plan", os.path.join(fp32_bundle, "plan.json"),
+                      "--frames", "10", "--report", report_path])  # fmt: skip
+    assert code == 0
+    with open(str(tmp_path / "fid.json"), encoding="utf-8") as fh:
+        report = json.load(fh)
+    assert report["passed"] is True
+    assert report["greedy_equal_rate"] == 1.0 and report["greedy_first_divergent_frame"] is None
+    assert report["code0_top1_agreement"] == 1.0 and report["codebooks_1_15_agreement"] == 1.0
+    assert report["vocoder_snr_db"] >= 80.0
+    assert "PASS" in open(report_path, encoding="utf-8").read()
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_bundles_run(snapshot, quantized_bundles, precision):
+    import onnx
+
+    out = quantized_bundles[precision]
+    with open(os.path.join(out, "plan.json"), encoding="utf-8") as fh:
+        plan = json.load(fh)
+    assert plan["talker"]["precision"] == plan["code_predictor"]["precision"] == precision
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as fh:
+        q = json.load(fh)["graphs"]["talker"]["quantization"]
+    assert (
+        q["bits"] == {"int8": 8, "int4": 4}[precision] and q["accuracy_level"] == 4 and q["block_size"] == 32
+    )
+    graph = onnx.load(os.path.join(out, plan["talker"]["artifacts"]["main"]), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "MatMulNBits" in ops and "MatMul" not in ops  # every weight matmul quantized
+    ref, test = _backends(snapshot, out)
+    codes = _greedy_codes(test, 6)
+    assert codes.shape == (6, 16) and codes.min() >= 0 and codes[:, 1:].max() < 2048
+
+
+def test_step_mode_predictor_equals_torch(snapshot, tmp_path):
+    out = str(tmp_path / "step")
+    _export(snapshot, out, "--predictor-mode", "step", "--components", "talker", "code_predictor")
+    ref, test = _backends(snapshot, out)
+    np.testing.assert_array_equal(_greedy_codes(ref, 6, seed=1), _greedy_codes(test, 6, seed=1))
+
+
+def test_export_is_deterministic(snapshot, quantized_bundles, tmp_path):
+    a, b = quantized_bundles["int4"], str(tmp_path / "again")
+    _export(snapshot, b, "--weights", "int4", "--components", "talker", "code_predictor")
+    names = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a) for f in fs)
+    assert names == sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b) for f in fs)
+    match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert mismatch == [] and errors == [] and len(match) == len(names) > 5
