@@ -42,8 +42,9 @@ def test_openai_errors_surface_as_exceptions(server):
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.speech.create(model="qtts", voice="vivian", input="hi", speed=1.25)
     assert "speed" in str(info.value)
-    # the non-streaming helper reads the whole body
-    audio = client.audio.speech.create(model="tts-1", voice="ryan", input="Whole body.", response_format="pcm")
+    # the non-streaming helper reads the whole body; OpenAI's custom-voice form {"id": ...} works too
+    audio = client.audio.speech.create(model="tts-1", voice={"id": "ryan"}, input="Whole body.",
+                                       response_format="pcm")
     assert len(audio.content) == 8 * 3840
     sf.read(io.BytesIO(client.audio.speech.create(model="x", voice="ryan", input="Flac.",
                                                   response_format="flac").content))

@@ -85,16 +85,28 @@ def error_response(status: int, message: str, code: str | None = None, param: st
 
 
 def _loc_name(loc) -> str:
+    """'voice' for ('body', 'voice', 'constrained-str'): the field path without union-member tags."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts)
+    keep = parts[:1] + [p for p in parts[1:] if p.isidentifier() and not p[:1].isupper() and p not in _TAGS]
+    return ".".join(keep)
+
+
+_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "constrained-str"}
 
 
 def validation_message(errors) -> tuple[str, str | None]:
-    """Turn pydantic/FastAPI errors into one readable sentence and the first offending field."""
-    msgs, first = [], None
-    for err in errors[:5]:
+    """Turn pydantic/FastAPI errors into one readable sentence and the first offending field.
+
+    One message per field (a union such as ``voice`` fails once per member; the first says it).
+    """
+    msgs, first, seen = [], None, set()
+    for err in errors:
         kind = err.get("type", "")
         name = "" if kind == "json_invalid" else _loc_name(err.get("loc", ()))
+        top = name.split(".")[0]
+        if top in seen and kind != "extra_forbidden":
+            continue
+        seen.add(top)
         first = first or name or None
         if kind == "json_invalid":
             msgs.append("the request body is not valid JSON; send a JSON object with Content-Type: "
@@ -105,6 +117,8 @@ def validation_message(errors) -> tuple[str, str | None]:
             msgs.append(f"'{name}' is required")
         else:
             msgs.append(f"{name}: {err.get('msg', 'invalid value')}" if name else err.get("msg", "invalid"))
+        if len(msgs) == 5:
+            break
     return "; ".join(msgs) or "invalid request", first
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -28,6 +28,14 @@ SAMPLES_PER_FRAME = 1920
 Format = Literal["wav", "pcm", "flac", "mp3", "opus"]
 
 
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice form: ``{"id": "voice_1234"}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(..., max_length=256)
+
+
 class SpeechRequest(BaseModel):
     """OpenAI ``audio.speech.create`` fields; the rest are qtts extras (None = model default)."""
 
@@ -35,8 +43,8 @@ class SpeechRequest(BaseModel):
 
     model: str | None = Field(None, max_length=256, description="Accepted and reported; one model is served.")
     input: str = Field(..., description="Text to speak (1..max_input_chars characters).")
-    voice: str | None = Field(None, max_length=256, description="An uploaded voice id (GET /v1/voices) or a "
-                              "built-in speaker name of a CustomVoice model.")
+    voice: Annotated[str, Field(max_length=256)] | VoiceRef | None = Field(None, description="An uploaded voice id (GET /v1/voices) or a "
+                                         "built-in speaker name, as a string or as {\"id\": ...}.")
     response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
                                            "flac, mp3 or opus.")
     speed: float | None = Field(None, allow_inf_nan=False, description="Only 1.0 is accepted: qtts does "
@@ -115,23 +123,24 @@ def _options(req: SpeechRequest, settings):
 
 
 async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str | None]:
-    if req.voice is None:
+    name = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
+    if name is None:
         return None, None
     speakers = engine_speakers(state.engine)
     by_lower = {s.lower(): s for s in speakers}
-    if req.voice.lower() in by_lower:
-        return None, by_lower[req.voice.lower()]
-    if not VOICE_ID_RE.match(req.voice):
-        raise ApiError(400, f"invalid voice {req.voice!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
+    if name.lower() in by_lower:
+        return None, by_lower[name.lower()]
+    if not VOICE_ID_RE.match(name):
+        raise ApiError(400, f"invalid voice {name!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
                        "invalid_voice_id", "voice")
-    if state.store.enabled and state.store.exists(req.voice):
+    if state.store.enabled and state.store.exists(name):
         try:
-            return await asyncio.to_thread(state.store.load, req.voice), None
+            return await asyncio.to_thread(state.store.load, name), None
         except InputError as exc:
-            raise ApiError(400, f"voice {req.voice!r} cannot be used: {exc}", "invalid_voice", "voice") from None
+            raise ApiError(400, f"voice {name!r} cannot be used: {exc}", "invalid_voice", "voice") from None
     known = [v["id"] for v in state.store.list()][:20] + speakers
     hint = f"known voices: {', '.join(known)}" if known else "upload one with POST /v1/voices"
-    raise ApiError(404, f"unknown voice {req.voice!r}; {hint}", "voice_not_found", "voice")
+    raise ApiError(404, f"unknown voice {name!r}; {hint}", "voice_not_found", "voice")
 
 
 def _produce(plan: SpeechPlan, metrics):
