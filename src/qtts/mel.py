@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from .errors import InputError
+
 N_FFT = 1024
 HOP = 256
 N_MELS = 128
@@ -69,11 +71,11 @@ def log_mel(wav_24k: np.ndarray) -> np.ndarray:
     y = np.asarray(wav_24k, dtype=np.float32).reshape(-1)
     pad = (N_FFT - HOP) // 2
     if y.shape[0] <= pad:
-        raise ValueError(f"audio too short for the speaker encoder: {y.shape[0]} samples, need > {pad}")
+        raise InputError(
+            f"audio too short for the speaker encoder: {y.shape[0]} samples; give at least {pad + 1} (24 kHz)"
+        )
     y = np.pad(y, (pad, pad), mode="reflect")
-    n_frames = (y.shape[0] - N_FFT) // HOP + 1
-    if n_frames < 1:
-        raise ValueError(f"audio too short for the speaker encoder: {y.shape[0] - 2 * pad} samples")
+    n_frames = (y.shape[0] - N_FFT) // HOP + 1  # >= 1 since N > 384
     frames = np.lib.stride_tricks.sliding_window_view(y, N_FFT)[::HOP][:n_frames]
     window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(N_FFT) / N_FFT)  # periodic Hann
     spec = np.fft.rfft(frames.astype(np.float64) * window, axis=-1)  # [frames, 513]
@@ -106,7 +108,7 @@ def resample(
     x = np.asarray(wav, dtype=np.float32).reshape(-1)
     sr_in, sr_out = int(sr_in), int(sr_out)
     if sr_in <= 0 or sr_out <= 0:
-        raise ValueError(f"sample rates must be positive, got {sr_in} -> {sr_out}")
+        raise InputError(f"sample rates must be positive integers, got {sr_in} -> {sr_out}")
     if sr_in == sr_out:
         return x.copy()
     g = math.gcd(sr_in, sr_out)
