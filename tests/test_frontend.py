@@ -82,6 +82,26 @@ def test_official_regex_rule(snapshot_dir):
 
 
 @pytest.mark.parity
+@pytest.mark.parametrize("config", [
+    {"transformers_version": "4.57.1", "model_type": "qwen3_tts"},
+    {"transformers_version": "4.57.1", "model_type": "mistral"},
+    {"transformers_version": "4.57.3", "model_type": "qwen3_tts"},
+    {"transformers_version": "5.0.0", "model_type": "qwen3_tts"},
+    {"model_type": "qwen3_tts"},
+])
+def test_regex_rule_matches_transformers(tmp_path, config):
+    from transformers import AutoTokenizer
+
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(TOK_DIR / name, tmp_path / name)
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), fix_mistral_regex=True)
+    pre = json.loads(ref.backend_tokenizer.to_str())["pre_tokenizer"]["pretokenizers"][0]
+    patched = "(?i:'s" not in pre["pattern"]["Regex"]
+    assert official_regex(str(tmp_path)) == ("fixed" if patched else "qwen2")
+
+
+@pytest.mark.parity
 def test_ids_equal_official_processor(official_processor, ours):
     assert ours.regex == "fixed"
     tok = official_processor.tokenizer
