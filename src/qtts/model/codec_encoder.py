@@ -300,17 +300,14 @@ class Encoder(nn.Module):
         return self.quantizer.encode(x, self.valid_quantizers)
 
     @torch.inference_mode()
-    def encode(self, wav: torch.Tensor, lengths=None) -> torch.Tensor:
-        """Codes ``[B, frames, 16]`` for a right-zero-padded batch; ``lengths`` = valid samples per row.
+    def encode(self, wav: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, ceil(N/1920), 16]`` (int64) for ``wav`` [B, N] float 24 kHz.
 
-        With ``lengths``, frames = ceil(max(lengths) / 1920) and rows are cut like the official
-        wrapper; shorter rows keep codes past their own end (use :meth:`encode_list` for ragged output).
+        Rows of a right-zero-padded batch keep codes past their own end; use :meth:`encode_list`
+        for the official per-item cut.
         """
         param = next(self.parameters())
         codes = self(wav.to(device=param.device, dtype=param.dtype))
-        if lengths is not None:
-            frames = -(-int(max(lengths)) // self.samples_per_frame)
-            codes = codes[..., :frames]
         return codes.transpose(1, 2).long()
 
     def encode_list(self, wavs) -> list[torch.Tensor]:
