@@ -1,0 +1,242 @@
+"""Benchmark: per-component time per frame, frames/s, RTF, time to first audio, peak RSS.
+
+Method (same for every plan): one prompt (a named speaker on CustomVoice checkpoints, else a
+fixed random x-vector), the checkpoint's sampling defaults, EOS blocked for ``frames`` frames so
+every run generates exactly ``frames`` frames; the loop is :mod:`qtts.generate` and the audio is
+decoded inline, streaming, with the plan's decoder (a first chunk of 2 frames, then 8). Each
+backend call and decoder call is timed; "other" is the loop/sampling/embedding remainder.
+TTFA is the wall time from the start of the run (prompt embedding included, model loading
+excluded) to the end of the first chunk's decode. Medians over ``repeats`` runs after a warm-up.
+
+``--compare-official`` runs the official qwen-tts ``generate`` + ``speech_tokenizer.decode`` on
+the same checkpoint in the same process (same threads, same frame count, EOS id set to a
+suppressed id as in ``../shared/reference/baseline-official-cpu.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FRAME_S = 1920 / 24000
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank today."
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    #: frames per run (EOS blocked), 12.5 frames = 1 s of audio
+    frames: int = 64
+    #: measured runs per plan (medians reported); one short warm-up run precedes them
+    repeats: int = 3
+    #: intra-op threads for every runtime
+    threads: int = 2
+    #: streaming decode schedule (frames per decoder call)
+    first_chunk: int = 2
+    chunk: int = 8
+    seed: int = 0
+    text: str = TEXT
+
+
+class _Timed:
+    """Wraps a backend or decoder; accumulates wall time per method name."""
+
+    def __init__(self, inner, names: tuple):
+        self._inner, self._names, self.times = inner, names, {}
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in self._names:
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = attr(*args, **kwargs)
+            key = name
+            if name == "talker" and np.asarray(args[0]).shape[0] > 1:
+                key = "prefill"
+            self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+            return out
+
+        return timed
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _loop_params(rt, frames: int, seed: int):
+    from .generate import LoopParams
+    from .options import SynthesisOptions
+
+    opts = SynthesisOptions().resolve(rt.config.generation)
+    cfg = rt.config
+    return LoopParams(
+        talker=opts.talker, residual=opts.subtalker, max_frames=frames, tts_pad_id=cfg.tts_pad_token_id,
+        eos_id=cfg.talker.codec_eos_token_id, suppress_from=cfg.talker.vocab_size - 1024,
+        min_frames=frames, seed=seed, watchdog=None,
+    )  # fmt: skip
+
+
+def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
+    from .generate import generate
+
+    backend = _Timed(rt.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
+    decoder = _Timed(rt.new_decoder(), ("decode",))
+    decoder.reset()
+    pending, n, ttfa, samples = [], 0, None, 0
+    t0 = time.perf_counter()
+    for codes in generate(backend, prompt, lp, speaker):
+        pending.append(codes)
+        n += 1
+        if len(pending) >= (opts.first_chunk if ttfa is None else opts.chunk):
+            samples += len(decoder.decode(np.asarray(pending, dtype=np.int64)))
+            pending = []
+            ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
+    if pending:
+        samples += len(decoder.decode(np.asarray(pending, dtype=np.int64)))
+    total = time.perf_counter() - t0
+    bt, dt = backend.times, decoder.times
+    per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
+    accounted = sum(bt.values()) + dt.get("decode", 0.0)
+    return {
+        "frames": n, "audio_s": samples / 24000.0, "total_s": total, "ttfa_ms": 1000.0 * (ttfa or total),
+        "prefill_ms": 1000.0 * bt.get("prefill", 0.0), "talker_ms": per(bt.get("talker", 0.0)),
+        "predictor_ms": per(bt.get("predict_frame", 0.0)), "vocoder_ms": per(dt.get("decode", 0.0)),
+        "other_ms": per(total - accounted + sum(bt.get(k, 0.0) for k in ("text_embeds", "codec_embeds", "frame_embeds"))),
+    }  # fmt: skip
+
+
+def _median(runs: list) -> dict:
+    out = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    out["frames_per_s"] = out["frames"] / out["total_s"]
+    out["rtf"] = out["total_s"] / max(out["audio_s"], 1e-9)
+    out["runs_total_s"] = [round(r["total_s"], 3) for r in runs]
+    return out
+
+
+def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -> dict:
+    """Benchmark one plan (None = torch fp32) on ``model``; returns medians and settings."""
+    from .runtime import Runtime
+    from .verify import _prompt
+
+    t0 = time.perf_counter()
+    rt = Runtime.open(model, plan=plan, threads=opts.threads)
+    prompt, speaker = _prompt(rt, opts.text)
+    load_s = time.perf_counter() - t0
+    _one_run(rt, prompt, speaker, _loop_params(rt, 4, opts.seed), opts)  # warm-up (sessions, caches)
+    lp = _loop_params(rt, opts.frames, opts.seed)
+    runs = [_one_run(rt, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
+    result = _median(runs)
+    result.update(
+        label=label or (str(plan) if plan else "torch fp32"), load_s=load_s, peak_rss_mb=peak_rss_mb()
+    )
+    result["loadavg"] = _loadavg()
+    return result
+
+
+def _loadavg() -> float | None:
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return float(fh.read().split()[0])
+    except OSError:
+        return None
+
+
+def bench_official(model: str, opts: BenchOptions) -> dict:
+    """Official qwen-tts generate + decode on the same checkpoint (fp32, same threads and frames)."""
+    import torch
+
+    from . import _official
+
+    torch.set_num_threads(opts.threads)
+    pkg = _official.qwen_tts()
+    t0 = time.perf_counter()
+    w = pkg.Qwen3TTSModel.from_pretrained(model, dtype=torch.float32)
+    load_s = time.perf_counter() - t0
+    call = dict(input_ids=w._tokenize_texts([w._build_assistant_text(opts.text)]), languages=["auto"],
+                non_streaming_mode=False, eos_token_id=3071)  # fmt: skip
+    speakers = list(getattr(w.model.config.talker_config, "spk_id", {}) or {})
+    if speakers:
+        call["speakers"] = [speakers[0]]
+    else:
+        dim = w.model.config.speaker_encoder_config.enc_dim
+        spk = torch.from_numpy(np.random.default_rng(1234).standard_normal(dim).astype(np.float32) * 0.05)
+        call["voice_clone_prompt"] = dict(ref_code=[None], ref_spk_embedding=[spk], x_vector_only_mode=[True],
+                                          icl_mode=[False])  # fmt: skip
+
+    def run(frames: int) -> tuple:
+        torch.manual_seed(opts.seed)
+        t = time.perf_counter()
+        with torch.no_grad():
+            codes, _ = w.model.generate(max_new_tokens=frames + 1, **call)
+            t_gen = time.perf_counter() - t
+            wavs, _sr = w.model.speech_tokenizer.decode([{"audio_codes": c} for c in codes])
+        return t_gen, time.perf_counter() - t, len(codes[0]), len(wavs[0])
+
+    run(4)
+    runs = [run(opts.frames) for _ in range(opts.repeats)]
+    gen, total = float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs]))
+    frames, samples = runs[0][2], runs[0][3]
+    return {
+        "label": "official qwen-tts fp32", "frames": frames, "audio_s": samples / 24000.0, "total_s": total,
+        "generate_ms": 1000.0 * gen / frames, "vocoder_ms": 1000.0 * (total - gen) / frames,
+        "rtf": total / (samples / 24000.0), "frames_per_s": frames / total, "ttfa_ms": 1000.0 * total,
+        "load_s": load_s, "runs_total_s": [round(r[1], 3) for r in runs], "loadavg": _loadavg(),
+    }  # fmt: skip
+
+
+def table_markdown(results: list, official: dict | None = None) -> str:
+    head = ("| plan | talker ms/frame | predictor ms/frame | vocoder ms/frame | other ms/frame | frames/s | RTF "
+            "| TTFA ms | prefill ms | peak RSS MB |")  # fmt: skip
+    lines = [head, "|" + "---|" * 10]
+    for r in results:
+        lines.append(
+            f"| {r['label']} | {r['talker_ms']:.1f} | {r['predictor_ms']:.1f} | {r['vocoder_ms']:.1f} | "
+            f"{r['other_ms']:.1f} | {r['frames_per_s']:.2f} | {r['rtf']:.2f} | {r['ttfa_ms']:.0f} | "
+            f"{r['prefill_ms']:.0f} | {r['peak_rss_mb']:.0f} |"
+        )
+    if official:
+        lines.append(
+            f"| {official['label']} | {official['generate_ms']:.1f} (talker + predictor) | | "
+            f"{official['vocoder_ms']:.1f} | | {official['frames_per_s']:.2f} | {official['rtf']:.2f} | "
+            f"{official['ttfa_ms']:.0f} (no streaming) | | |"
+        )
+        lines += ["", "Speed-up (official total time / ours, same frames): " + ", ".join(
+            f"{r['label']}: {official['total_s'] / r['total_s']:.2f}x" for r in results)]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results: list, path: str, official: dict | None = None) -> None:
+    """Stacked bars of per-component ms/frame per plan (matplotlib, extra ``plot``)."""
+    from .errors import require
+
+    matplotlib = require("matplotlib", "plot", "the benchmark plot")
+    matplotlib.use("Agg")
+    plt = require("matplotlib.pyplot", "plot", "the benchmark plot")
+    parts = [("talker_ms", "talker"), ("predictor_ms", "code predictor"), ("vocoder_ms", "vocoder"),
+             ("other_ms", "other")]  # fmt: skip
+    rows = list(results)
+    labels = [r["label"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * (len(rows) + 1) + 1.5))
+    left = np.zeros(len(rows))
+    for key, name in parts:
+        vals = np.array([r.get(key, 0.0) for r in rows])
+        ax.barh(labels, vals, left=left, label=name)
+        left += vals
+    if official:
+        ax.barh([official["label"]], [official["generate_ms"]], label="official generate", color="grey")
+        ax.barh([official["label"]], [official["vocoder_ms"]], left=[official["generate_ms"]], color="silver",
+                label="official decode")  # fmt: skip
+    ax.axvline(80.0, color="red", linestyle="--", label="real time (80 ms/frame)")
+    ax.set_xlabel("ms per frame (80 ms of audio)")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

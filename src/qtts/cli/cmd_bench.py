@@ -1,0 +1,60 @@
+"""``qtts bench``: per-component ms/frame, frames/s, RTF, TTFA and peak RSS for plans on one checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+COMMAND = ("bench",)
+HELP = "benchmark plans (and optionally the official qwen-tts) on one checkpoint, side by side"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="snapshot directory or hub id")
+    parser.add_argument(
+        "--plan", action="append", default=None,
+        help="execution plan JSON; repeat to compare plans; 'torch' = the torch fp32 default (default: torch)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--frames", type=int, default=64, help="frames per run, EOS blocked (default 64 = 5.1 s)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per plan (medians; default 3)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="intra-op threads for every runtime (default 2)"
+    )
+    parser.add_argument("--compare-official", action="store_true", help="also run the official qwen-tts fp32")
+    parser.add_argument("--plot", help="write a PNG of per-component time per plan")
+    parser.add_argument("--json", help="write all results to this JSON file")
+
+
+def run(args) -> int:
+    from ..bench import BenchOptions, bench_official, bench_plan, plot, table_markdown
+    from ..errors import InputError
+
+    if args.frames < 4 or args.repeats < 1:
+        raise InputError("--frames must be >= 4 and --repeats >= 1")
+    opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
+    results = []
+    for plan in args.plan or ["torch"]:
+        label = "torch fp32" if plan == "torch" else _label(plan)
+        results.append(bench_plan(args.model, None if plan == "torch" else plan, opts, label=label))
+        print(f"{label}: RTF {results[-1]['rtf']:.2f}, TTFA {results[-1]['ttfa_ms']:.0f} ms", flush=True)
+    official = bench_official(args.model, opts) if args.compare_official else None
+    print(table_markdown(results, official))
+    if args.plot:
+        plot(results, args.plot, official)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"options": vars(opts), "results": results, "official": official}, fh, indent=2)
+    return 0
+
+
+def _label(plan_path: str) -> str:
+    """'onnx talker int4 / predictor int8 / vocoder fp32' from the plan's components."""
+    from ..plan import load_plan
+
+    plan = load_plan(plan_path)
+    parts = []
+    for name, short in (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder")):
+        spec = plan.get(name)
+        parts.append(f"{short} {spec.impl} {spec.precision or 'fp32'}")
+    return ", ".join(parts)
