@@ -42,7 +42,7 @@ def tiny(tiny_snapshot, one_thread):  # noqa: F811
 def test_fixed_step_matches_full_decode(tiny, b):
     decoder, codes, ref, step_for = tiny
     schedule = [b] * (FRAMES // b) + ([FRAMES % b] if FRAMES % b else [])
-    out = step_decode(step_for, decoder, torch.from_numpy(codes.T[None].copy()), schedule)
+    out = step_decode(step_for, torch.from_numpy(codes.T[None].copy()), schedule)
     assert len(out) == len(ref)
     assert snr_db(ref, out) >= 100.0
 
@@ -51,7 +51,7 @@ def test_mixed_schedule_first_then_main_then_remainder(tiny):
     decoder, codes, ref, step_for = tiny
     schedule = [2] + [16] * 19 + [4]  # a small first step hands its cache to B=16 steps
     assert sum(schedule) == FRAMES
-    out = step_decode(step_for, decoder, torch.from_numpy(codes.T[None].copy()), schedule)
+    out = step_decode(step_for, torch.from_numpy(codes.T[None].copy()), schedule)
     assert snr_db(ref, out) >= 100.0
 
 

@@ -33,13 +33,9 @@ def expand_schedule(spec: str, frames: int) -> list[int]:
         raise InputError(f"--chunks '{spec}': expected comma-separated integers") from exc
     if not sizes or min(sizes) < 1:
         raise InputError(f"--chunks '{spec}': step sizes must be >= 1")
-    out, left = [], frames
-    for i in range(10**9):
-        if left <= 0:
-            break
-        b = min(sizes[min(i, len(sizes) - 1)], left)
-        out.append(b)
-        left -= b
+    out: list[int] = []
+    while sum(out) < frames:
+        out.append(min(sizes[min(len(out), len(sizes) - 1)], frames - sum(out)))
     return out
 
 
@@ -78,7 +74,7 @@ def run(args) -> int:
     worst = float("inf")
     for spec, plan in plans.items():
         t0 = time.perf_counter()
-        out = step_decode(step_for, decoder, codes, plan)
+        out = step_decode(step_for, codes, plan)
         dt = time.perf_counter() - t0
         snr = snr_db(ref, out) if len(out) == len(ref) else float("-inf")
         worst = min(worst, snr)

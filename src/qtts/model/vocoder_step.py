@@ -254,7 +254,7 @@ class VocoderStep(nn.Module):
         return wav, torch.cat([out[e.name].reshape(-1) for e in self.layout.entries])
 
 
-def step_decode(step_for, decoder: Decoder, codes: torch.Tensor, schedule: list[int]) -> np.ndarray:
+def step_decode(step_for, codes: torch.Tensor, schedule: list[int]) -> np.ndarray:
     """Decode ``codes [1,16,T]`` with steps of the sizes in ``schedule`` (sum == T); ``step_for(B)``
     returns a VocoderStep. Used by tests and ``qtts verify vocoder``."""
     if sum(schedule) != codes.shape[-1]:
