@@ -42,6 +42,7 @@ class FakeTTS:
         self.frame_delay = frame_delay
         self.gate = gate  # when set: every frame waits for it (holds a worker busy on demand)
         self.frames_generated = 0
+        self.calls = 0
         self.active = 0
         self.max_active = 0
         self._lock = threading.Lock()
@@ -65,6 +66,7 @@ class FakeTTS:
         first = getattr(options, "first_chunk_frames", 2)
         size = getattr(options, "chunk_frames", 8)
         with self._lock:
+            self.calls += 1
             self.active += 1
             self.max_active = max(self.max_active, self.active)
         try:

@@ -5,6 +5,8 @@ tests/test_server.py covers the same paths on the real engine where they are che
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
+import socket
 import threading
 import time
 
@@ -52,6 +54,38 @@ def test_queue_full_gets_429_with_retry_after():
             assert running.result().status_code == 200 and queued.result().status_code == 200
         assert eng.max_active == 1  # never two generations on the one engine
         assert metric(srv.url, "qtts_requests_total", route="/v1/audio/speech", method="POST", status="429") == 1
+    finally:
+        gate.set()
+        srv.stop()
+
+
+def test_client_leaving_the_queue_frees_its_place():
+    gate = threading.Event()
+    eng = FakeTTS(gate=gate)
+    srv, app = start_server(eng, max_concurrency=1, max_queue=1)
+    speech = srv.url + "/v1/audio/speech"
+
+    def depth():
+        return httpx.get(srv.url + "/health").json()["queue_depth"]
+
+    try:
+        with cf.ThreadPoolExecutor(2) as pool:
+            running = pool.submit(httpx.post, speech, json={"input": "blocked"}, timeout=60)
+            assert wait_for(lambda: eng.active == 1, 10)
+            body = json.dumps({"input": "queued, then gone"}).encode()
+            sock = socket.create_connection((srv.host, srv.port))
+            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            assert wait_for(lambda: depth() == 1, 10)
+            sock.close()
+            assert wait_for(lambda: depth() == 0, 10)  # the place was given up
+            queued = pool.submit(httpx.post, speech, json={"input": "next"}, timeout=60)
+            assert wait_for(lambda: depth() == 1, 10)
+            gate.set()
+            assert running.result().status_code == 200 and queued.result().status_code == 200
+        assert eng.calls == 2  # nothing was generated for the request that left
+        assert wait_for(lambda: metric(srv.url, "qtts_requests_total", route="/v1/audio/speech", method="POST",
+                                       status="499") == 1, 10)
     finally:
         gate.set()
         srv.stop()

@@ -264,7 +264,7 @@ async def create_speech(req: SpeechRequest, request: Request):
                       instruct=req.instruct or req.instructions or None, language=req.language,
                       options=_options(req, state.settings),
                       frame_cap=req.max_frames or state.settings.max_frames, t0=t0, stats=stats)
-    slot = await state.scheduler.acquire()
+    slot = await state.scheduler.acquire_unless(request.is_disconnected)
     job = Job(state.scheduler, slot, _produce(plan, state.metrics))
     job.start()
     try:

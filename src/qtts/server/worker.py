@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from .errors import ApiError
@@ -96,6 +96,35 @@ class Scheduler:
             self._gauges()
         self.metrics.queue_wait.observe(time.perf_counter() - t0)
         return slot
+
+    async def acquire_unless(self, gone: Callable[[], Awaitable[bool]], poll_s: float = 0.25):
+        """Like :meth:`acquire`, but a request whose client left while queued (``await gone()``)
+        gives up its place: ApiError 499, and no generation is started for it."""
+        if self._free and self.queue_depth == 0:
+            return await self.acquire()
+        task = asyncio.ensure_future(self.acquire())
+        handed_over = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll_s)
+                if done:
+                    handed_over = True
+                    return task.result()
+                if await gone():
+                    raise ApiError(499, "the client closed the connection while queued", "client_closed")
+        finally:
+            if not handed_over:
+                await self._drop(task)
+
+    async def _drop(self, task: asyncio.Future) -> None:
+        """Cancel a pending acquire; a slot it obtained anyway goes back to the pool."""
+        if not task.done():
+            task.cancel()
+        try:
+            slot = await task
+        except (asyncio.CancelledError, ApiError):
+            return
+        self.release(slot)
 
     def release(self, slot) -> None:
         while self._waiters:
