@@ -269,3 +269,16 @@ def test_real_concurrent_streams_do_not_interfere(real_tts):
         t.join()
     for e, g in zip(expect, got):
         np.testing.assert_array_equal(e, g)
+
+
+def test_real_bfloat16_talker_fp32_vocoder(tiny_snapshot):
+    import torch
+
+    import qtts
+
+    tts = qtts.load(tiny_snapshot(), dtype="bfloat16", threads=1)
+    assert tts.runtime.checkpoint.model.talker.codec_head.weight.dtype == torch.bfloat16
+    assert next(tts.runtime.checkpoint.speech_tokenizer.parameters()).dtype == torch.float32
+    voice = Voice(np.full(tts.config.talker.hidden_size, 0.1, np.float32), model_size="0b6")
+    audio = tts.synthesize("Hello.", voice=voice, options=SynthesisOptions(seed=0, max_frames=4))
+    assert audio.samples.dtype == np.float32 and len(audio.samples) == 4 * 1920 and np.isfinite(audio.samples).all()

@@ -45,7 +45,9 @@ class Runtime:
             from .backends.torch import torch_dtype
             from .weights import load_checkpoint
 
-            return load_checkpoint(snapshot, dtype=torch_dtype(dtype))
+            # the speech tokenizer stays fp32 whatever the talker dtype: bf16 vocoders are where
+            # peers found NaN/noise, and it is a small share of the time
+            return load_checkpoint(snapshot, dtype=torch_dtype(dtype), speech_tokenizer_dtype=torch_dtype("float32"))
 
         rt = cls(config, tokenizer, None, checkpoint_loader=loader, plan=plan, snapshot_dir=snapshot)
         if backend is None:
