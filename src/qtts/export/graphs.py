@@ -206,6 +206,19 @@ class PredictorStepGraph(nn.Module):
         return (*[torch.matmul(hidden, w) for w in self.heads], *presents)
 
 
+class _TopK(torch.autograd.Function):
+    """Largest ``k`` values (sorted, descending) with ``k`` a runtime input (ONNX TopK's K)."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        return torch.topk(x, int(k.reshape(-1)[0]), dim=-1)[0]
+
+    @staticmethod
+    def symbolic(g, x, k):
+        values, _ = g.op("TopK", x, k, axis_i=-1, largest_i=1, sorted_i=1, outputs=2)
+        return values
+
+
 def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
     """:func:`qtts.sampling.sample` for one row of predictor logits, inside the graph.
 
@@ -218,13 +231,11 @@ def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
     vocab = int(logits.shape[-1])
     greedy = torch.argmax(logits, dim=-1)
     scores = logits / temperature
-    ranked, _ = torch.topk(scores, vocab, dim=-1)  # descending
-    rank = torch.arange(vocab)[None, :]
-    p_desc = torch.softmax(torch.where(rank < top_k, ranked, torch.full_like(ranked, float("-inf"))), dim=-1)
-    keep = ((torch.cumsum(p_desc, dim=-1) - p_desc < top_p) | (rank == 0)) & (rank < top_k)
-    threshold = torch.min(
-        torch.where(keep, ranked, torch.full_like(ranked, float("inf"))), dim=-1, keepdim=True
-    )[0]
+    ranked = _TopK.apply(scores, top_k)  # [1, k] descending
+    p_desc = torch.softmax(ranked, dim=-1)
+    rank = torch.arange(vocab)[None, :][:, : ranked.shape[-1]]
+    keep = (torch.cumsum(p_desc, dim=-1) - p_desc < top_p) | (rank == 0)
+    threshold = torch.min(torch.where(keep, ranked, torch.full_like(ranked, float("inf"))), dim=-1, keepdim=True)[0]
     scores = torch.where(scores < threshold, torch.full_like(scores, float("-inf")), scores)
     cdf = torch.cumsum(torch.softmax(scores, dim=-1).double(), dim=-1)
     n = torch.sum((cdf <= u.double() * cdf[:, -1:]).to(torch.int64), dim=-1)
