@@ -59,6 +59,26 @@ def test_queue_full_gets_429_with_retry_after():
         srv.stop()
 
 
+def test_queue_timeout_gets_503():
+    gate = threading.Event()
+    eng = FakeTTS(gate=gate)
+    srv, app = start_server(eng, max_concurrency=1, max_queue=2, queue_timeout_s=0.3)
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(httpx.post, srv.url + "/v1/audio/speech", json={"input": "blocked"}, timeout=60)
+            assert wait_for(lambda: eng.active == 1, 10)
+            r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "waits too long"}, timeout=30)
+            assert_error(r, 503, "no worker became free")
+            assert int(r.headers["retry-after"]) >= 1
+            assert httpx.get(srv.url + "/health").json()["queue_depth"] == 0
+            gate.set()
+            assert running.result().status_code == 200
+        assert eng.calls == 1
+    finally:
+        gate.set()
+        srv.stop()
+
+
 def test_client_leaving_the_queue_frees_its_place():
     gate = threading.Event()
     eng = FakeTTS(gate=gate)
