@@ -43,8 +43,9 @@ class SpeechRequest(BaseModel):
 
     model: str | None = Field(None, max_length=256, description="Accepted and reported; one model is served.")
     input: str = Field(..., description="Text to speak (1..max_input_chars characters).")
-    voice: Annotated[str, Field(max_length=256)] | VoiceRef | None = Field(None, description="An uploaded voice id (GET /v1/voices) or a "
-                                         "built-in speaker name, as a string or as {\"id\": ...}.")
+    voice: Annotated[str, Field(max_length=256)] | VoiceRef | None = Field(
+        None, description='An uploaded voice id (GET /v1/voices) or a built-in speaker name, as a string '
+        'or as {"id": ...}.')
     response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
                                            "flac, mp3 or opus.")
     speed: float | None = Field(None, allow_inf_nan=False, description="Only 1.0 is accepted: qtts does "
