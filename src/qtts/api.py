@@ -106,6 +106,8 @@ class TTS:
                 f"voice cloning needs a Base checkpoint; this one is '{self.model_type}' "
                 f"(valid here: {modes.valid_conditioning(self.config)})"
             )
+        if not 0.0 <= float(trailing_silence) <= 5.0:
+            raise InputError(f"trailing_silence must be in [0, 5] seconds, got {trailing_silence}")
         wav = load_reference_audio(ref_audio, sample_rate)
         speaker = self.runtime.speaker_embedding(wav)
         codes = None

@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
     who.add_argument("--voice", help="a .voice file from 'qtts voice create'")
     who.add_argument("--ref-audio", help="reference audio to clone (wav/flac/ogg/mp3, any rate)")
     who.add_argument("--ref-text", help="transcript of --ref-audio (enables ICL cloning)")
+    who.add_argument("--trailing-silence", type=float, default=0.5,
+                     help="seconds of silence appended to the ICL reference (stops reference bleed; default 0.5)")
     who.add_argument("--speaker", help="CustomVoice speaker name")
     who.add_argument("--instruct", help="voice/style instruction (VoiceDesign, 1.7B CustomVoice)")
     who.add_argument("--language", help="language name or 'auto' (default)")
@@ -87,7 +89,7 @@ def resolve_voice(tts, args):
     if args.voice:
         return Voice.load(args.voice)
     if args.ref_audio:
-        return tts.create_voice(args.ref_audio, ref_text=args.ref_text)
+        return tts.create_voice(args.ref_audio, ref_text=args.ref_text, trailing_silence=args.trailing_silence)
     return None
 
 
