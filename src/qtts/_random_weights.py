@@ -63,10 +63,10 @@ def _value(spec: Spec, gen: torch.Generator, std: float, scale_init: dict) -> to
         return torch.rand(shape, generator=gen) + 0.5
     if leaf in ("embedding_sum", "embed_sum"):
         return torch.randn(shape, generator=gen)
-    if "norm" in name and leaf == "weight":
-        return torch.ones(shape)
+    if "norm" in name and leaf == "weight":  # near 1 but not 1, so a missing/misplaced weight shows
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
     if "norm" in name and leaf == "bias":
-        return torch.zeros(shape)
+        return 0.02 * torch.randn(shape, generator=gen)
     if leaf == "scale":  # LayerScale: keep the configured initial value
         init = next((v for p, v in scale_init.items() if name.startswith(p)), 0.01)
         return torch.full(shape, float(init))

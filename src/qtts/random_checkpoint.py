@@ -12,7 +12,8 @@ vocab (3072), the predictor vocab (2048), the 16 code groups, the text vocab (15
 1920-sample frame. The tiny 1.7b layout has talker hidden != predictor hidden, so
 ``small_to_mtp_projection`` exists, like the real 1.7B.
 
-Weights are random but non-degenerate: norm weights 1, LayerScale at its configured init,
+Weights are random but non-degenerate: norm weights 1 + N(0, 0.1) (so parity tests see
+a missing or misplaced norm weight), norm biases N(0, 0.02), LayerScale at its configured init,
 ConvNeXt gamma 0.01, SnakeBeta log-params N(0, 0.1), codebooks ``embedding_sum``/``embed_sum``
 N(0,1) with ``cluster_usage`` U(0.5, 1.5) and ``initialized`` 1, everything else N(0, std)
 with std 0.05 (tiny) or 0.02 (full). Tensors are generated one at a time and streamed to disk,
