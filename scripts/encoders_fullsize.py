@@ -51,14 +51,19 @@ def _randomize(module, seed: int, gain: float) -> None:
                 b.copy_(torch.randn(b.shape, generator=g))
 
 
-def _time(fn, repeats: int) -> float:
+def _time(fn, repeats: int) -> dict:
+    """Median wall and process-CPU milliseconds (CPU time is less sensitive to a loaded machine)."""
     fn()  # warm-up
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {
+        "wall_ms": round(1e3 * statistics.median(wall), 1),
+        "cpu_ms": round(1e3 * statistics.median(cpu), 1),
+    }
 
 
 def speaker(cfg, seconds: float, repeats: int) -> dict:
@@ -127,7 +132,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: CPU time = cost)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     cfg = ModelConfig.from_dir(REF)
     out = {
         "torch_threads": torch.get_num_threads(),
