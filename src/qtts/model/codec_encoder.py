@@ -274,7 +274,7 @@ class SplitResidualVectorQuantizer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """``encode(wav [B, N] fp32 24 kHz, lengths=None) -> LongTensor [B, frames, valid_quantizers]``."""
+    """``encode(wav [B, N] fp32 24 kHz) -> LongTensor [B, ceil(N/1920), valid_quantizers]``."""
 
     def __init__(self, cfg: EncoderConfig, valid_quantizers: int = 16):
         super().__init__()
