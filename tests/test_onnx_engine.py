@@ -159,3 +159,19 @@ def test_export_is_deterministic(snapshot, quantized_bundles, tmp_path):
     assert names == sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b) for f in fs)
     match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
     assert mismatch == [] and errors == [] and len(match) == len(names) > 5
+
+
+def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
+    from qtts.backends.onnx import OnnxSpeakerEncoder
+    from qtts.model.speaker import embed
+    from qtts.weights import load_checkpoint
+
+    snapshot = tiny_snapshot(kind="base")
+    plan = _export(snapshot, str(tmp_path / "spk"), "--components", "speaker_encoder")
+    enc = OnnxSpeakerEncoder(str(tmp_path / "spk" / plan["speaker_encoder"]["artifacts"]["main"]))
+    ckpt = load_checkpoint(snapshot, components=("speaker_encoder",))
+    rng = np.random.default_rng(0)
+    for n in (24000 * 2, 24000 * 3 + 517):  # the frame axis is dynamic
+        wav = (0.3 * np.sin(np.arange(n) * 0.05) + 0.05 * rng.standard_normal(n)).astype(np.float32)
+        ref = embed(ckpt.model.speaker_encoder, wav)
+        np.testing.assert_allclose(enc.embed(wav), ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))

@@ -189,6 +189,19 @@ class OnnxBackend:
         return sample_residuals(step_logits, code0, params, uniforms)
 
 
+class OnnxSpeakerEncoder:
+    """x-vector from a mono 24 kHz waveform: numpy log-mel (:func:`qtts.mel.log_mel`) + the ONNX encoder."""
+
+    def __init__(self, path: str, threads: int | None = None):
+        self.session = open_session(path, threads)
+
+    def embed(self, wav_24k: np.ndarray) -> np.ndarray:
+        from ..mel import log_mel
+
+        mel = np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32)[None]
+        return self.session.run(["embedding"], {"mel": mel})[0][0]
+
+
 def _artifact_path(entry: Any, key: str = "main") -> str:
     artifacts = entry.get("artifacts") if isinstance(entry, dict) else getattr(entry, "artifacts", None)
     if not artifacts or key not in artifacts:

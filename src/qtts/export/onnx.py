@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 OPSET = 17
 PRECISIONS = ("fp32", "int8", "int4")
-COMPONENTS = ("talker", "code_predictor", "speech_decoder")
+COMPONENTS = ("talker", "code_predictor", "speech_decoder", "speaker_encoder")
 #: code-predictor graph flavours: one fused 15-step frame graph, or one graph per step
 PREDICTOR_MODES = ("frame", "step")
 
@@ -167,6 +167,15 @@ def export_text_projection(talker, path: str) -> dict:
     return {"inputs": ["rows"], "outputs": ["embeds"]}
 
 
+def export_speaker_encoder(encoder, path: str) -> dict:
+    """ECAPA speaker encoder: ``mel [1, frames, 128]`` (qtts.mel.log_mel) -> ``embedding [1, enc_dim]``."""
+    import torch
+
+    args = (torch.zeros(1, 200, 128),)
+    export_graph(encoder.eval(), args, path, ["mel"], ["embedding"], {"mel": {1: "frames"}})
+    return {"inputs": ["mel"], "outputs": ["embedding"]}
+
+
 def write_tables(talker, directory: str) -> dict:
     """Embedding tables as ``.npy`` (fp32): text rows, talker codec rows, 15 predictor tables."""
     os.makedirs(directory, exist_ok=True)
@@ -293,6 +302,16 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions) -> dict:
     if {"talker", "code_predictor"} & set(opts.components):
         ckpt = load_checkpoint(snapshot, components=("talker",))
         plan, meta, files = export_generation(ckpt.model.talker, out, opts)
+        del ckpt
+    if "speaker_encoder" in opts.components:
+        ckpt = load_checkpoint(snapshot, components=("speaker_encoder",))
+        if ckpt.model.speaker_encoder is not None:
+            export_speaker_encoder(ckpt.model.speaker_encoder, os.path.join(out, "speaker_encoder.onnx"))
+            plan["speaker_encoder"] = {
+                "impl": "onnx",
+                "artifacts": {"main": "speaker_encoder.onnx"},
+                "precision": "fp32",
+            }
         del ckpt
     if "speech_decoder" in opts.components and opts.vocoder_main > 0:
         entry, vmeta = export_speech_decoder(snapshot, out, opts)
