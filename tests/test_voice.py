@@ -91,8 +91,8 @@ def test_resampled_to_24k(tmp_path, sr):
     assert abs(peak_hz - 440.0) < 2.0
 
 
-@pytest.mark.parametrize("fmt", ["FLAC", "OGG"])
-def test_reads_flac_and_ogg(tmp_path, fmt):
+@pytest.mark.parametrize("fmt", ["FLAC", "OGG", "MP3"])
+def test_reads_flac_ogg_mp3(tmp_path, fmt):
     path = tmp_path / f"ref.{fmt.lower()}"
     stereo = np.stack([_tone(48000), _tone(48000)], axis=1)
     sf.write(str(path), stereo, 48000, format=fmt)
