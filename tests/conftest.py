@@ -18,6 +18,10 @@ Fixtures (session scope; results are cached per argument set)
         The official model loaded from ``path`` with ``dtype=torch.float32`` (cached per path).
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
         ``.model.speech_tokenizer``. Treat it as read-only (shared by every test).
+
+Markers
+    ``@pytest.mark.slow`` tests (full-size checks, minutes and GBs of RAM) are deselected unless the
+    ``-m`` expression names ``slow`` (e.g. ``pytest -m slow`` or ``-m "parity or slow"``); CI runs the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_REFERENCE = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "reference"))
 REAL_TOKENIZER_DIR = os.path.join(SHARED_REFERENCE, "configs", "text-tokenizer-qwen2")
+
+
+def pytest_collection_modifyitems(config, items):
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    keep = [item for item in items if item.get_closest_marker("slow") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 def shared_reference(*parts: str) -> str:

@@ -163,3 +163,43 @@ def test_bf16_matches_official_eager_bf16(tiny_snapshot, layout):
             use_cache=True,
         )
         close(cp.head(j, out), ref_out.logits, f"predictor step {j} logits")
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts):
+    """Real 0.6B dimensions (28 layers, head_dim 128, 16/8 heads): same tolerance as the tiny checks.
+
+    Writes a full-size random snapshot (~4.3 GB, ~1-2 min) and loads it twice (ours mmapped,
+    official in fp32): needs ~10 GB of RAM. Run with ``pytest -m slow``.
+    """
+    from qtts.random_checkpoint import write_random_checkpoint
+
+    path = write_random_checkpoint(
+        str(tmp_path_factory.mktemp("full") / "cv06"), size="full", kind="custom_voice"
+    )
+    ours = load_checkpoint(path, components=("talker",)).model.talker
+    ref = official_tts(path).model.talker
+    embeds = _talker_inputs(ours, PREFILL + 3, seed=6)
+    ref_logits = ref(inputs_embeds=embeds, use_cache=False).logits
+    cache = ours.new_cache(PREFILL + 3)
+    logits, hidden, cache = ours(embeds[:, :PREFILL], 0, cache)
+    assert_close(logits, ref_logits[:, :PREFILL], "full-size prefill logits")
+    for pos in range(PREFILL, PREFILL + 3):
+        logits, hidden, cache = ours(embeds[:, pos : pos + 1], pos, cache)
+        assert_close(logits, ref_logits[:, pos : pos + 1], f"full-size decode logits at {pos}")
+    cp = ours.code_predictor
+    prefill = torch.cat([hidden, ours.embed_codec(torch.tensor([[11]]))], dim=1)
+    out, pcache = cp(prefill, 0, cp.new_cache())
+    ref_out = ref.code_predictor(inputs_embeds=prefill, use_cache=True)
+    assert_close(cp.head(0, out[:, -1:]), ref_out.logits[:, -1:], "full-size predictor prefill")
+    for j in range(1, 15):
+        code = torch.tensor([[123 * j]])
+        out, pcache = cp(cp.embed(j - 1, code), j + 1, pcache)
+        ref_out = ref.code_predictor(
+            input_ids=code,
+            past_key_values=ref_out.past_key_values,
+            generation_steps=ref_out.generation_steps,
+            use_cache=True,
+        )
+        assert_close(cp.head(j, out), ref_out.logits, f"full-size predictor step {j}")
