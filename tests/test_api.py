@@ -269,6 +269,7 @@ def test_real_concurrent_streams_do_not_interfere(real_tts):
         t.join()
     for e, g in zip(expect, got):
         np.testing.assert_array_equal(e, g)
+    assert real_tts.thread_safe
 
 
 def test_real_bfloat16_talker_fp32_vocoder(tiny_snapshot):

@@ -38,7 +38,7 @@ def load(model: str, plan=None, dtype: str = "float32", threads: int | None = No
 
 
 class TTS:
-    """A loaded Qwen3-TTS model. Thread-compatible, not thread-safe: one call at a time."""
+    """A loaded Qwen3-TTS model; see :attr:`thread_safe` for concurrent calls."""
 
     def __init__(self, runtime):
         self.runtime = runtime
@@ -64,6 +64,15 @@ class TTS:
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
+
+    @property
+    def thread_safe(self) -> bool:
+        """True when concurrent ``stream()`` calls from several threads are safe on this object.
+
+        Per-call state (talker KV, decoder state, random generator) lives in each call; the
+        backend decides the rest by declaring ``thread_safe = True`` (the torch backend does).
+        """
+        return bool(getattr(self.runtime.backend, "thread_safe", False))
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,

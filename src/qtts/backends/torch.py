@@ -33,6 +33,10 @@ def torch_dtype(name: str):
 class TorchBackend:
     """Talker + code predictor in torch; implements :class:`~qtts.backends.base.Backend`."""
 
+    #: concurrent generations are safe: modules are stateless, KV state is per call, the
+    #: predictor cache is per thread
+    thread_safe = True
+
     def __init__(self, talker, threads: int | None = None):
         torch = require("torch", "torch", "the torch backend")
         if threads:
