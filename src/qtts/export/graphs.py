@@ -233,10 +233,10 @@ def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
     scores = logits / temperature
     ranked = _TopK.apply(scores, top_k)  # [1, k] descending
     p_desc = torch.softmax(ranked, dim=-1)
-    rank = torch.arange(vocab)[None, :][:, : ranked.shape[-1]]
-    keep = (torch.cumsum(p_desc, dim=-1) - p_desc < top_p) | (rank == 0)
-    threshold = torch.min(torch.where(keep, ranked, torch.full_like(ranked, float("inf"))), dim=-1, keepdim=True)[0]
-    scores = torch.where(scores < threshold, torch.full_like(scores, float("-inf")), scores)
+    keep = torch.cumsum(p_desc, dim=-1) - p_desc < top_p  # the top id always stays (top_p > 0)
+    inf = torch.tensor(float("inf"))
+    threshold = torch.min(torch.where(keep, ranked, inf), dim=-1, keepdim=True)[0]
+    scores = torch.where(scores < threshold, -inf, scores)
     cdf = torch.cumsum(torch.softmax(scores, dim=-1).double(), dim=-1)
     n = torch.sum((cdf <= u.double() * cdf[:, -1:]).to(torch.int64), dim=-1)
     sampled = torch.clamp(n, max=vocab - 1)
