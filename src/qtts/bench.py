@@ -6,7 +6,8 @@ every run generates exactly ``frames`` frames; the loop is :mod:`qtts.generate` 
 decoded inline, streaming, with the plan's decoder (a first chunk of 2 frames, then 8). Each
 backend call and decoder call is timed; "other" is the loop/sampling/embedding remainder.
 TTFA is the wall time from the start of the run (prompt embedding included, model loading
-excluded) to the end of the first chunk's decode. Medians over ``repeats`` runs after a warm-up.
+excluded) to the end of the first chunk's decode. RSS is the resident set after a plan's runs
+(several plans share one process; the process peak is in the JSON as ``peak_rss_mb``). Medians over ``repeats`` runs after a warm-up.
 
 ``--compare-official`` runs the official qwen-tts ``generate`` + ``speech_tokenizer.decode`` on
 the same checkpoint in the same process (same threads, same frame count, EOS id set to a
@@ -16,6 +17,7 @@ suppressed id as in ``../shared/reference/baseline-official-cpu.md``).
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -67,7 +69,17 @@ class _Timed:
 
 
 def peak_rss_mb() -> float:
+    """Peak resident set of this process so far (MB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def rss_mb() -> float:
+    """Current resident set (MB): what one plan holds when several plans run in one process."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except OSError:
+        return peak_rss_mb()
 
 
 def _loop_params(rt, frames: int, seed: int):
@@ -133,9 +145,8 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     lp = _loop_params(rt, opts.frames, opts.seed)
     runs = [_one_run(rt, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
     result = _median(runs)
-    result.update(
-        label=label or (str(plan) if plan else "torch fp32"), load_s=load_s, peak_rss_mb=peak_rss_mb()
-    )
+    result.update(label=label or (str(plan) if plan else "torch fp32"), load_s=load_s)
+    result.update(rss_mb=rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()
     return result
 
@@ -193,13 +204,13 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
 
 def table_markdown(results: list, official: dict | None = None) -> str:
     head = ("| plan | talker ms/frame | predictor ms/frame | vocoder ms/frame | other ms/frame | frames/s | RTF "
-            "| TTFA ms | prefill ms | peak RSS MB |")  # fmt: skip
+            "| TTFA ms | prefill ms | RSS MB |")  # fmt: skip
     lines = [head, "|" + "---|" * 10]
     for r in results:
         lines.append(
             f"| {r['label']} | {r['talker_ms']:.1f} | {r['predictor_ms']:.1f} | {r['vocoder_ms']:.1f} | "
             f"{r['other_ms']:.1f} | {r['frames_per_s']:.2f} | {r['rtf']:.2f} | {r['ttfa_ms']:.0f} | "
-            f"{r['prefill_ms']:.0f} | {r['peak_rss_mb']:.0f} |"
+            f"{r['prefill_ms']:.0f} | {r['rss_mb']:.0f} |"
         )
     if official:
         lines.append(
