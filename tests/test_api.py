@@ -140,6 +140,19 @@ def test_long_text_split_into_pieces_with_own_budgets():
     assert audio.info["finish_reasons"] == ["eos"] * audio.info["pieces"]
 
 
+def test_decoder_state_continues_across_pieces():
+    tts, backend = make_tts(eos_at=3)
+    made = []
+    factory = tts.runtime._decoder_factory
+    tts.runtime._decoder_factory = lambda: made.append(1) or factory()
+    opts = SynthesisOptions(greedy=True, max_sentence_chars=30, first_chunk_frames=4, chunk_frames=4)
+    chunks = list(tts.stream("One sentence here. Another sentence there.", voice=VOICE, options=opts))
+    assert chunks[-1].info["pieces"] == 2
+    assert len(made) == 1  # one decoder for the whole call: no reset, no seam between pieces
+    assert [c.num_frames for c in chunks] == [4, 2]  # chunks span the piece boundary (3 + 3 frames)
+    assert [c.frame_start for c in chunks] == [0, 4]
+
+
 def test_seeded_sampling_reproducible():
     tts, _ = make_tts()
     opts = SynthesisOptions(seed=3, max_frames=12, watchdog=False)
