@@ -112,6 +112,13 @@ def test_mode_mismatch_exit_2(tiny_snapshot, ref_wav, tmp_path, capsys, kind, la
     assert not out.exists()
 
 
+def test_bad_output_path_exit_2(tiny_snapshot, tmp_path, capsys):
+    assert main(["say", "Hi.", "--model", tiny_snapshot(), "-o", str(tmp_path / "no" / "x.wav")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["say", "Hi.", "--model", tiny_snapshot(), "-o", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
 def test_no_text_exit_2(tiny_snapshot, tmp_path, capsys):
     assert main(["say", "--model", tiny_snapshot(), "-o", str(tmp_path / "x.wav")]) == 2
     assert "no text" in capsys.readouterr().err

@@ -113,10 +113,24 @@ class Progress:
               f"rtf={rtf} ttfa={ttfa} finish_reason={chunk.finish_reason}", file=sys.stderr)
 
 
+def check_output(path: str) -> None:
+    """Fail before loading the model when the output cannot be written."""
+    import os
+
+    if path == "-":
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"output directory '{directory}' does not exist; create it or choose another -o path")
+    if os.path.isdir(path):
+        raise InputError(f"output '{path}' is a directory; give a file name such as {os.path.join(path, 'out.wav')}")
+
+
 def run(args) -> int:
     from ..api import load
 
     text = read_text(args)
+    check_output(args.output)
     options = build_options(args)
     tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
     voice = resolve_voice(tts, args)
