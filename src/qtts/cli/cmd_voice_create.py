@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cmd_say import add_model_arguments
+from .cmd_say import add_model_arguments, check_output
 
 COMMAND = ("voice", "create")
 HELP = "create a .voice file from reference audio: qtts voice create ref.wav --model M [--ref-text T] -o me.voice"
@@ -21,6 +21,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..api import load
 
+    check_output(args.output)
     tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
     voice = tts.create_voice(args.ref_audio, ref_text=args.ref_text, name=args.name,
                              trailing_silence=args.trailing_silence)
