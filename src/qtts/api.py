@@ -10,6 +10,7 @@ consumes ``stream()``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import unicodedata
 from collections.abc import Iterator
@@ -84,8 +85,8 @@ class TTS:
         raised at the call, before any chunk. Closing the iterator stops generation at once.
         """
         options = (options or SynthesisOptions()).resolve(self.config.generation)
-        if isinstance(voice, str):
-            voice = Voice.load(voice)
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.load(os.fspath(voice))
         mode = modes.resolve(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
         return self._stream(pieces, mode, voice, options)
