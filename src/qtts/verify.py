@@ -157,16 +157,23 @@ def _vocoder_snr(runtime, checkpoint, codes: np.ndarray) -> float | None:
 # ---------------------------------------------------------------------------- entry point
 
 
-def plan_precisions(plan) -> dict:
+def plan_precisions(plan, dtype: str = "float32") -> dict:
+    torch_precision = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
     out = {}
     for name in ("talker", "code_predictor", "speech_decoder"):
         spec = plan.get(name)
-        out[name] = f"{spec.impl}/{spec.precision or 'fp32'}"
+        precision = torch_precision if spec.impl == "torch" and name != "speech_decoder" else spec.precision
+        out[name] = f"{spec.impl}/{precision or 'fp32'}"
     return out
 
 
 def verify_plan(
-    model: str, plan_path: str, frames: int = 32, text: str | None = None, threads: int | None = None
+    model: str,
+    plan_path: str | None,
+    frames: int = 32,
+    text: str | None = None,
+    threads: int | None = None,
+    dtype: str = "float32",
 ):
     """Run every measurement; returns the report dict (``passed`` is None when no gate applies)."""
     from .backends.torch import TorchBackend
@@ -177,7 +184,7 @@ def verify_plan(
     text = text or "The quick brown fox jumps over the lazy dog, then rests by the river."
     plan = load_plan(plan_path)
     t0 = time.perf_counter()
-    test_rt = Runtime.open(model, plan=plan_path, threads=threads)
+    test_rt = Runtime.open(model, plan=plan_path, threads=threads, dtype=dtype)
     checkpoint = load_checkpoint(test_rt.snapshot_dir, components=("talker", "decoder"))
     test_rt._checkpoint = checkpoint  # a torch decoder in the plan reuses the loaded weights
     ref_be = TorchBackend(checkpoint.model.talker, threads=threads)
@@ -191,8 +198,8 @@ def verify_plan(
     )
     report = {
         "model": os.path.abspath(test_rt.snapshot_dir),
-        "plan": os.path.abspath(plan_path),
-        "components": plan_precisions(plan),
+        "plan": os.path.abspath(plan_path) if plan_path else f"torch {dtype}",
+        "components": plan_precisions(plan, dtype),
         "frames": int(frames),
         "greedy_frames": [len(ref_codes), len(test_codes)],
         "greedy_equal_rate": equal / n if n else 1.0,
@@ -243,7 +250,7 @@ def report_markdown(report: dict) -> str:
         ("vocoder SNR dB (stream vs torch offline)", report["vocoder_snr_db"]),
     ]  # fmt: skip
     verdict = {True: "PASS", False: "FAIL", None: "reported (no gate for quantized plans)"}[report["passed"]]
-    lines = [f"# qtts verify plan: {os.path.basename(report['plan'])}", "", f"Components: {comps}  ",
+    lines = [f"# qtts verify plan: {report['plan']}", "", f"Components: {comps}  ",
              f"Frames: {report['frames']} (greedy, reference {report['greedy_frames'][0]}, "
              f"test {report['greedy_frames'][1]})", "", "| metric | value |", "|---|---|"]  # fmt: skip
     lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]

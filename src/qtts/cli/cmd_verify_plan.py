@@ -12,7 +12,15 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--model", required=True, help="snapshot directory or hub id (the plan's source checkpoint)"
     )
-    parser.add_argument("--plan", required=True, help="execution plan JSON, e.g. BUNDLE/plan.json")
+    parser.add_argument(
+        "--plan", help="execution plan JSON, e.g. BUNDLE/plan.json (default: torch everywhere)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="torch weight dtype of the tested plan",
+    )
     parser.add_argument("--frames", type=int, default=32, help="greedy frames to generate (default 32)")
     parser.add_argument("--text", help="text to speak (default: a fixed English sentence)")
     parser.add_argument("--threads", type=int, help="threads for both runtimes")
@@ -26,7 +34,9 @@ def run(args) -> int:
 
     if args.frames < 1:
         raise InputError(f"--frames must be >= 1, got {args.frames}")
-    report = verify_plan(args.model, args.plan, frames=args.frames, text=args.text, threads=args.threads)
+    report = verify_plan(
+        args.model, args.plan, frames=args.frames, text=args.text, threads=args.threads, dtype=args.dtype
+    )
     print(json.dumps(report, indent=2, default=str) if args.json else report_markdown(report))
     if args.report:
         write_report(report, args.report)
