@@ -95,6 +95,25 @@ def _loop_params(rt, frames: int, seed: int):
     )  # fmt: skip
 
 
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy jiffies of the whole machine, jiffies of this process); (0, 0) where /proc is missing."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            mine = fh.read().rsplit(")", 1)[1].split()
+        return f[0] + f[1] + f[2] + f[5] + f[6] + f[7], int(mine[11]) + int(mine[12])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
+    """CPU cores used by *other* processes between two :func:`_busy_jiffies` samples."""
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, busy / hz / max(seconds, 1e-9))
+
+
 def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
     from .generate import generate
 
@@ -102,6 +121,7 @@ def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
     decoder = _Timed(rt.new_decoder(), ("decode",))
     decoder.reset()
     pending, n, ttfa, samples = [], 0, None, 0
+    jiffies = _busy_jiffies()
     t0 = time.perf_counter()
     for codes in generate(backend, prompt, lp, speaker):
         pending.append(codes)
@@ -113,11 +133,12 @@ def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
     if pending:
         samples += len(decoder.decode(np.asarray(pending, dtype=np.int64)))
     total = time.perf_counter() - t0
+    foreign = foreign_cores(jiffies, _busy_jiffies(), total)
     bt, dt = backend.times, decoder.times
     per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
     accounted = sum(bt.values()) + dt.get("decode", 0.0)
     return {
-        "frames": n, "audio_s": samples / 24000.0, "total_s": total, "ttfa_ms": 1000.0 * (ttfa or total),
+        "frames": n, "audio_s": samples / 24000.0, "total_s": total, "foreign_cores": foreign, "ttfa_ms": 1000.0 * (ttfa or total),
         "prefill_ms": 1000.0 * bt.get("prefill", 0.0), "talker_ms": per(bt.get("talker", 0.0)),
         "predictor_ms": per(bt.get("predict_frame", 0.0)), "vocoder_ms": per(dt.get("decode", 0.0)),
         "other_ms": per(total - accounted + sum(bt.get(k, 0.0) for k in ("text_embeds", "codec_embeds", "frame_embeds"))),
@@ -129,6 +150,8 @@ def _median(runs: list) -> dict:
     out["frames_per_s"] = out["frames"] / out["total_s"]
     out["rtf"] = out["total_s"] / max(out["audio_s"], 1e-9)
     out["runs_total_s"] = [round(r["total_s"], 3) for r in runs]
+    out["runs_foreign_cores"] = [round(r["foreign_cores"], 2) for r in runs]
+    out["min_total_s"] = min(r["total_s"] for r in runs)
     return out
 
 
@@ -183,12 +206,14 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
 
     def run(frames: int) -> tuple:
         torch.manual_seed(opts.seed)
+        jiffies = _busy_jiffies()
         t = time.perf_counter()
         with torch.no_grad():
             codes, _ = w.model.generate(max_new_tokens=frames + 1, **call)
             t_gen = time.perf_counter() - t
             wavs, _sr = w.model.speech_tokenizer.decode([{"audio_codes": c} for c in codes])
-        return t_gen, time.perf_counter() - t, len(codes[0]), len(wavs[0])
+        total = time.perf_counter() - t
+        return t_gen, total, len(codes[0]), len(wavs[0]), foreign_cores(jiffies, _busy_jiffies(), total)
 
     run(4)
     runs = [run(opts.frames) for _ in range(opts.repeats)]
@@ -199,24 +224,25 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
         "generate_ms": 1000.0 * gen / frames, "vocoder_ms": 1000.0 * (total - gen) / frames,
         "rtf": total / (samples / 24000.0), "frames_per_s": frames / total, "ttfa_ms": 1000.0 * total,
         "load_s": load_s, "runs_total_s": [round(r[1], 3) for r in runs], "loadavg": _loadavg(),
+        "runs_foreign_cores": [round(r[4], 2) for r in runs], "min_total_s": min(r[1] for r in runs),
     }  # fmt: skip
 
 
 def table_markdown(results: list, official: dict | None = None) -> str:
     head = ("| plan | talker ms/frame | predictor ms/frame | vocoder ms/frame | other ms/frame | frames/s | RTF "
-            "| TTFA ms | prefill ms | RSS MB |")  # fmt: skip
-    lines = [head, "|" + "---|" * 10]
+            "| TTFA ms | prefill ms | RSS MB | foreign load (cores) |")  # fmt: skip
+    lines = [head, "|" + "---|" * 11]
     for r in results:
         lines.append(
             f"| {r['label']} | {r['talker_ms']:.1f} | {r['predictor_ms']:.1f} | {r['vocoder_ms']:.1f} | "
             f"{r['other_ms']:.1f} | {r['frames_per_s']:.2f} | {r['rtf']:.2f} | {r['ttfa_ms']:.0f} | "
-            f"{r['prefill_ms']:.0f} | {r['rss_mb']:.0f} |"
+            f"{r['prefill_ms']:.0f} | {r['rss_mb']:.0f} | {r['foreign_cores']:.2f} |"
         )
     if official:
         lines.append(
             f"| {official['label']} | {official['generate_ms']:.1f} (talker + predictor) | | "
             f"{official['vocoder_ms']:.1f} | | {official['frames_per_s']:.2f} | {official['rtf']:.2f} | "
-            f"{official['ttfa_ms']:.0f} (no streaming) | | |"
+            f"{official['ttfa_ms']:.0f} (no streaming) | | | {np.median(official['runs_foreign_cores']):.2f} |"
         )
         lines += ["", "Speed-up (official total time / ours, same frames): " + ", ".join(
             f"{r['label']}: {official['total_s'] / r['total_s']:.2f}x" for r in results)]  # fmt: skip
