@@ -127,6 +127,20 @@ def test_close_stops_within_one_frame():
         next(it)
 
 
+def test_cancel_event_stops_within_one_frame():
+    import threading
+
+    cancel = threading.Event()
+    be = FakeBackend()
+    g = generate(be, simple_prompt(), params(max_frames=100, cancel=cancel))
+    got = []
+    for codes in g:
+        got.append(codes)
+        if len(got) == 3:
+            cancel.set()  # another thread would do this; the loop checks before every frame
+    assert len(got) == 3 and g.finish_reason == "cancelled"
+
+
 def test_pick_code0_suppresses_control_ids():
     rng = np.random.default_rng(1)
     lp = params(sample=True)

@@ -142,7 +142,8 @@ def test_parallel_streams_match_offline(cv):
 
 def test_disconnect_cancels_generation(cv, monkeypatch):
     """Closing the connection after the first chunk stops generation: the worker thread ends and
-    at most the chunk in progress when the server noticed (4 frames) is generated after that."""
+    at most the frame in progress when the server noticed is generated after that (the loop checks
+    the request's cancel event before every frame)."""
     app_metrics = cv.app.state.qtts.metrics
     at_cancel = []
     original = Job.cancel
@@ -165,7 +166,7 @@ def test_disconnect_cancels_generation(cv, monkeypatch):
     assert wait_for(lambda: metric(cv.url, "qtts_in_flight") == 0, 60)  # worker thread returned
     assert len(at_cancel) == 1
     after = app_metrics.frames.value()
-    assert after - at_cancel[0] <= 4, (before_frames, at_cancel, after)
+    assert after - at_cancel[0] <= 1, (before_frames, at_cancel, after)
     assert after - before_frames < 48  # the 48-frame budget was not used up
     assert_healthy(cv.url)
 

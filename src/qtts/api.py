@@ -144,7 +144,7 @@ class TTS:
             talker=options.talker, residual=options.subtalker, max_frames=int(max_frames),
             tts_pad_id=self.config.tts_pad_token_id, eos_id=self.config.talker.codec_eos_token_id,
             suppress_from=self.config.talker.vocab_size - 1024, seed=seed,
-            watchdog=WatchdogParams() if options.watchdog else None,
+            watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
         )
 
     def _stream(self, pieces, mode, voice, options) -> Iterator[AudioChunk]:
@@ -169,6 +169,8 @@ class TTS:
             finally:
                 frames.close()
             stats["finish_reasons"].append(gen.finish_reason)
+            if gen.finish_reason == "cancelled":
+                break
         final = chunker.flush()
         final.is_final = True
         final.finish_reason = worst_reason(stats["finish_reasons"])
@@ -219,8 +221,8 @@ class _Chunker:
 
 
 def worst_reason(reasons: list[str | None]) -> str:
-    """One finish reason for several pieces: runaway > length > eos."""
-    for r in ("runaway", "length"):
+    """One finish reason for several pieces: cancelled > runaway > length > eos."""
+    for r in ("cancelled", "runaway", "length"):
         if r in reasons:
             return r
     return "eos"

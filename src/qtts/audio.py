@@ -121,7 +121,7 @@ class WavWriter:
         if os.path.exists(self._tmp):
             os.unlink(self._tmp)
 
-    def __enter__(self) -> "WavWriter":
+    def __enter__(self) -> WavWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -229,7 +229,7 @@ class SpeechTokenizerConfig:
     encode_downsample_rate: int = 1920
 
     @classmethod
-    def from_file(cls, path: str) -> "SpeechTokenizerConfig":
+    def from_file(cls, path: str) -> SpeechTokenizerConfig:
         data = _read_json(path)
         dec = _from_dict(DecoderConfig, data.get("decoder_config"), f"{path}: decoder_config")
         enc = _from_dict(EncoderConfig, data.get("encoder_config"), f"{path}: encoder_config")
@@ -276,7 +276,7 @@ class ModelConfig:
         return self.speaker_encoder_config
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, data: dict, where: str = "config.json") -> ModelConfig:
         cfg = _from_dict(cls, data, where)
         if cfg.tts_model_type not in MODEL_TYPES:
             raise ConfigError(
@@ -299,7 +299,7 @@ class ModelConfig:
         return cfg
 
     @classmethod
-    def from_dir(cls, path: str, *, speech_tokenizer: bool = True) -> "ModelConfig":
+    def from_dir(cls, path: str, *, speech_tokenizer: bool = True) -> ModelConfig:
         """Read config.json, generation_config.json (optional) and speech_tokenizer/config.json."""
         if not os.path.isdir(path):
             raise ConfigError(f"{path}: not a directory; pass a Qwen3-TTS snapshot directory")

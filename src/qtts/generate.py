@@ -100,6 +100,9 @@ class LoopParams:
     min_frames: int = 2
     seed: int | None = None
     watchdog: WatchdogParams | None = field(default_factory=WatchdogParams)
+    #: an object with ``is_set()`` (e.g. threading.Event); checked before every frame, so a
+    #: cancel from another thread stops the loop within one frame (finish_reason 'cancelled')
+    cancel: Any = field(default=None, compare=False)
 
 
 def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams, u: float) -> int:
@@ -193,6 +196,9 @@ class Generation:
         watchdog = Watchdog(lp.watchdog) if lp.watchdog is not None else None
         step = 0
         while True:
+            if lp.cancel is not None and lp.cancel.is_set():
+                self.finish_reason = "cancelled"
+                return
             u = rng.random(16)
             code0 = pick_code0(logits, history, step, lp, float(u[0]))
             if code0 == lp.eos_id:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InputError
 
@@ -113,6 +114,9 @@ class SynthesisOptions:
     trailing_silence: float = 0.0
     # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
     watchdog: bool = True
+    # Cross-thread cancellation: an object with is_set() (threading.Event); checked before
+    # every frame, so a server can stop a generation within one frame of a disconnect.
+    cancel: Any = field(default=None, compare=False)
 
     def validate(self) -> None:
         """Raise InputError naming the bad field and its valid range."""
