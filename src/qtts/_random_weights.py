@@ -7,6 +7,7 @@ memory), so the key set and shapes come from the same classes the loader uses.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -74,6 +75,10 @@ def _value(spec: Spec, gen: torch.Generator, std: float, scale_init: dict) -> to
         return torch.full(shape, 0.01)
     if leaf in ("alpha", "beta"):  # SnakeBeta log-parameters
         return 0.1 * torch.randn(shape, generator=gen)
+    if name.startswith("encoder.") and leaf == "weight" and len(shape) >= 2:
+        # speech-tokenizer encoder: fan-in scaling keeps activations O(1) through its deep
+        # conv stack, so the codes vary (a flat std gives 1-3 distinct codes per codebook)
+        return _randn(shape, gen, 1.5 / math.sqrt(_numel(shape[1:])))
     return _randn(shape, gen, std)
 
 
