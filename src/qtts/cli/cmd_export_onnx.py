@@ -10,7 +10,7 @@ HELP = "export a checkpoint to an onnxruntime bundle (graphs, tables, plan.json,
 
 
 def add_arguments(parser) -> None:
-    from ..export.onnx import COMPONENTS, PREDICTOR_MODES, PRECISIONS
+    from ..export.onnx import COMPONENTS, PRECISIONS, PREDICTOR_MODES
 
     parser.add_argument("--model", required=True, help="snapshot directory or hub id")
     parser.add_argument("-o", "--out", required=True, help="bundle directory to write")
@@ -39,6 +39,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--vocoder-first", type=int, default=2, help="codes per call of the first decoder step"
     )
+    parser.add_argument(
+        "--speech-decoder-from", metavar="BUNDLE", help="reuse the speech decoder artifacts of another bundle"
+    )
     parser.add_argument("--vocoder-main", type=int, default=8, help="codes per call of the main decoder step")
 
 
@@ -53,6 +56,7 @@ def run(args) -> int:
         vocoder_first=args.vocoder_first,
         vocoder_main=args.vocoder_main,
         components=tuple(args.components),
+        speech_decoder_from=args.speech_decoder_from,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.out, opts)

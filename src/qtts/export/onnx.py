@@ -47,6 +47,8 @@ class ExportOptions:
     vocoder_main: int = 8
     #: export only these components (default: all)
     components: tuple = COMPONENTS
+    #: reuse the speech decoder of another bundle (its plan entry, paths made relative to this bundle)
+    speech_decoder_from: str | None = None
 
 
 # ---------------------------------------------------------------------------- low level
@@ -317,6 +319,8 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions) -> dict:
         entry, vmeta = export_speech_decoder(snapshot, out, opts)
         plan["speech_decoder"] = entry
         meta["speech_decoder"] = vmeta
+    if opts.speech_decoder_from and "speech_decoder" not in plan:
+        plan["speech_decoder"] = borrowed_speech_decoder(opts.speech_decoder_from, out)
     manifest = {
         "qtts_version": __version__,
         "opset": OPSET,
@@ -329,6 +333,17 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions) -> dict:
     write_json(os.path.join(out, MANIFEST), manifest)
     write_json(os.path.join(out, PLAN), plan)
     return plan
+
+
+def borrowed_speech_decoder(bundle: str, out: str) -> dict:
+    """The ``speech_decoder`` entry of another bundle's plan with artifact paths relative to ``out``."""
+    from ..plan import load_plan
+
+    spec = load_plan(os.path.join(bundle, PLAN)).get("speech_decoder")
+    if spec.impl == "torch" or not spec.artifacts:
+        raise InputError(f"{bundle}/{PLAN} has no exported speech decoder to reuse")
+    arts = {k: os.path.relpath(v, os.path.abspath(out)) for k, v in spec.artifacts.items()}
+    return {"impl": spec.impl, "artifacts": arts, "precision": spec.precision or "fp32"}
 
 
 def export_speech_decoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
