@@ -74,8 +74,7 @@ def compile_rknn(onnx_path: str, target: str, out: str | None = None, verify: bo
         cmd.append("--no-verify")
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.path.dirname(out))
-    with open(log_path, encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().splitlines()
+    lines = _compact_log(log_path)
     results = [json.loads(ln[len(RESULT_TAG) :]) for ln in lines if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not results:
         tail = "\n".join(lines[-15:])
@@ -83,6 +82,24 @@ def compile_rknn(onnx_path: str, target: str, out: str | None = None, verify: bo
     result = results[-1]
     result["log"] = log_path
     return result
+
+
+def _compact_log(path: str, keep: int = 20) -> list[str]:
+    """Collapse the toolkit's repeated ``REGTASK: The bit width ... exceeds the limit`` lines (the
+    full-size build prints ~900k of them, 140 MB) to the first ``keep`` plus a count; returns the lines."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    regtask = [i for i, ln in enumerate(lines) if "REGTASK:" in ln]
+    if len(regtask) > keep:
+        drop = set(regtask[keep:])
+        kept = [ln for i, ln in enumerate(lines) if i not in drop]
+        kept.insert(
+            regtask[keep - 1] + 1, f"[qtts] {len(drop)} more REGTASK lines like the above were removed"
+        )
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(kept) + "\n")
+        lines = kept
+    return lines
 
 
 # ----------------------------------------------------------------------------- converter half
