@@ -21,7 +21,7 @@ from qtts.decoders import OnnxStepDecoder, TorchStepDecoder
 from qtts.export.vocoder import export_vocoder_onnx, load_decoder
 
 
-def timed(fn, reps: int = 2):
+def timed(fn, reps: int = 3):
     best, out = float("inf"), None
     for _ in range(reps):
         t0 = time.perf_counter()
