@@ -121,3 +121,4 @@ def test_rknn_build_and_simulator(steps, capsys):
     snr = float(text.split("simulator vs onnxruntime stepwise: SNR ")[1].split(" dB")[0])
     assert snr >= 50.0
     assert '"impl": "rknn"' in text
+    assert not list(out.glob("check*.onnx"))  # the toolkit's scratch files stay out of the output dir

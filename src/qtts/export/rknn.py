@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 TARGETS = ("rk3588", "rk3576", "rk3562", "rk3566", "rk3568")
 RESULT_TAG = "QTTS_RKNN_RESULT "
@@ -72,8 +73,12 @@ def compile_rknn(onnx_path: str, target: str, out: str | None = None, verify: bo
         cmd += ["--frames", str(frames)]
     if not verify:
         cmd.append("--no-verify")
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.path.dirname(out))
+    # the toolkit drops check*.onnx copies of the model into its cwd: give it a scratch one
+    with (
+        open(log_path, "w", encoding="utf-8") as log,
+        tempfile.TemporaryDirectory(prefix="qtts-rknn-") as tmp,
+    ):
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     lines = _compact_log(log_path)
     results = [json.loads(ln[len(RESULT_TAG) :]) for ln in lines if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not results:
