@@ -172,8 +172,9 @@ class TorchStepDecoder(FixedStepDecoder):
         super().__init__(contract, [main])
 
     def _get(self, size: int):
-        if size not in self._steps:
-            self._steps[size] = self._make(self.decoder, size).eval()
+        if size not in self._steps:  # later sizes share the first step's folded constants
+            like = next(iter(self._steps.values()), None)
+            self._steps[size] = self._make(self.decoder, size, like=like).eval()
         return self._steps[size]
 
     def _run(self, size, codes, freqs, valid, cache):

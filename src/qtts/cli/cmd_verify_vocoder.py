@@ -68,7 +68,7 @@ def run(args) -> int:
 
     def step_for(b: int) -> VocoderStep:
         if b not in steps:
-            steps[b] = VocoderStep(decoder, b).eval()
+            steps[b] = VocoderStep(decoder, b, like=next(iter(steps.values()), None)).eval()
         return steps[b]
 
     worst = float("inf")

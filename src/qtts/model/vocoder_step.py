@@ -120,7 +120,9 @@ def _selection(kv: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
 class VocoderStep(nn.Module):
     """Stateful B-frame step over a :class:`Decoder` (shares its weights)."""
 
-    def __init__(self, decoder: Decoder, codes_length: int):
+    def __init__(self, decoder: Decoder, codes_length: int, like: VocoderStep | None = None):
+        """``like``: another step over the same decoder whose folded constants (codebook tables,
+        32 MB at full size, and Snake coefficients) this one shares instead of copying."""
         super().__init__()
         if codes_length < 1:
             raise ValueError("codes_length must be >= 1")
@@ -141,13 +143,21 @@ class VocoderStep(nn.Module):
         mask = torch.where(visible, torch.zeros(()), torch.full((), MASK_VALUE))
         self.register_buffer("attn_mask", mask.view(1, 1, b, kv + b), persistent=False)
         self.register_buffer("slot_idx", torch.arange(kv, dtype=torch.float32).view(1, kv), persistent=False)
+        if like is not None and like.decoder is not decoder:
+            raise ValueError("like= must be a step over the same decoder")
         books = [*decoder.quantizer.rvq_first.vq.layers, *decoder.quantizer.rvq_rest.vq.layers]
         for i, vq in enumerate(books):  # codebook tables folded to constants (no Clip/Div in the graph)
-            self.register_buffer(f"codebook_{i}", vq._codebook.table().detach().clone(), persistent=False)
+            table = (
+                getattr(like, f"codebook_{i}") if like is not None else vq._codebook.table().detach().clone()
+            )
+            self.register_buffer(f"codebook_{i}", table, persistent=False)
         self.n_first = decoder.quantizer.n_first
         names = [n for n, m in decoder.named_modules() if isinstance(m, SnakeBeta)]
         self._snake_index = {n: i for i, n in enumerate(names)}
-        self.snakes = nn.ModuleList(_FoldedSnake(decoder.get_submodule(n)) for n in names)
+        if like is not None:
+            self.snakes = like.snakes
+        else:
+            self.snakes = nn.ModuleList(_FoldedSnake(decoder.get_submodule(n)) for n in names)
 
     def _check_layout(self) -> None:
         for e in self.layout.entries:
