@@ -154,6 +154,19 @@ def test_full_decoder_streams_exactly(tiny):
     assert snr_db(ref[: 90 * 1920], out) >= 100.0
 
 
+def test_bfloat16_decoders(tiny):
+    """The offline decoder runs in bf16 and returns float32; the fp32-state step refuses bf16 clearly."""
+    import copy
+
+    decoder, codes, ref, _ = tiny
+    bf16 = copy.deepcopy(decoder).to(torch.bfloat16)
+    out = feed(TorchFullDecoder(bf16), codes[:8], [2, 6])
+    assert out.dtype == np.float32 and out.shape == (8 * 1920,)
+    assert snr_db(ref[: 8 * 1920], out) > 10.0  # bf16 is lossy but must be the same audio
+    with pytest.raises(InputError, match="float32"):
+        TorchStepDecoder(bf16, main=4)
+
+
 def test_decoder_input_errors(tiny):
     dec = TorchStepDecoder(tiny[0], main=4)
     with pytest.raises(InputError):

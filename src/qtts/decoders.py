@@ -159,6 +159,13 @@ class TorchStepDecoder(FixedStepDecoder):
         from .model.vocoder_step import VocoderStep
 
         self._torch = require("torch", "torch", "the torch vocoder")
+        dtype = next(decoder.parameters()).dtype
+        if dtype != self._torch.float32:
+            raise InputError(
+                f"the streaming vocoder step runs in float32 (its state is an fp32 tensor), but the "
+                f"decoder weights are {dtype}; load the speech tokenizer in float32 "
+                "(load_checkpoint(..., speech_tokenizer_dtype=torch.float32))"
+            )
         self.decoder = decoder.eval()
         self._make = VocoderStep
         self._steps: dict[int, Any] = {}
@@ -188,7 +195,7 @@ class TorchStepDecoder(FixedStepDecoder):
                 audio, cache = self._get(size)(*args, torch.from_numpy(cache))
         finally:
             torch.set_num_threads(prev)
-        return audio.numpy(), cache.numpy()
+        return audio.float().numpy(), cache.float().numpy()
 
 
 class TorchFullDecoder:
@@ -211,7 +218,7 @@ class TorchFullDecoder:
             return np.zeros(0, dtype=np.float32)
         with self._torch.inference_mode():
             wav = self.decoder(self._torch.from_numpy(self._codes.T[None].copy()))
-        return wav.reshape(-1).numpy()[done:].astype(np.float32)
+        return wav.reshape(-1).float().numpy()[done:]
 
 
 # ----------------------------------------------------------------------------- onnx
