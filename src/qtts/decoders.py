@@ -369,7 +369,11 @@ def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
         return OnnxStepDecoder(arts["main"], arts.get("first"), opts.get("threads"))
     if impl == "rknn":
         return RknnStepDecoder(arts["main"], arts.get("first"), opts.get("core_mask"))
-    raise InputError(f"speech_decoder impl '{impl}' is not supported; use torch, onnx or rknn")
+    if impl == "qnn":  # qnn options: soc_model, fp16 (qtts.qnn.QnnOptions)
+        from .decoders_qnn import QnnStepDecoder
+
+        return QnnStepDecoder(arts["main"], arts.get("first"), opts)
+    raise InputError(f"speech_decoder impl '{impl}' is not supported; use torch, onnx, rknn or qnn")
 
 
 def create_decoder(snapshot_dir: str | None, plan=None, checkpoint_loader=None) -> StreamingDecoder:
