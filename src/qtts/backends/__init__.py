@@ -21,6 +21,7 @@ __all__ = ["Backend", "FACTORIES", "create_backend", "sample_residuals"]
 FACTORIES: dict[str, str] = {
     "torch": "qtts.backends.torch:create",
     "onnx": "qtts.backends.onnx:create",
+    "qnn": "qtts.backends.qnn:create",
 }
 
 
@@ -37,7 +38,8 @@ def create_backend(
         entry = _plan_entry(plan, name)
         if entry is not None:
             components[name] = entry
-    impls = {_impl(e) for e in components.values()} or {"torch"}
+    # a torch talker may pair with another code_predictor runtime (impl qnn: torch talker + QNN predictor)
+    impls = {_impl(e) for e in components.values()} - {"torch"} or {"torch"}
     if len(impls) != 1:
         raise InputError(
             f"the plan mixes runtimes for talker and code_predictor ({', '.join(sorted(impls))}); "
