@@ -152,3 +152,33 @@ def export_predictor_onnx(model, out: str) -> dict:
     ops = sorted({n.op_type for n in onnx.load(out, load_external_data=False).graph.node})
     log.info("exported the plain predictor step to %s (ops: %s)", out, ", ".join(ops))
     return {"path": out, "ops": ops, **meta}
+
+
+def export_qnn_bundle(model, out_dir: str, codes_length: int = 4, soc_model: str = "57") -> dict:
+    """Predictor step + vocoder step ONNX in ``out_dir`` and a ``plan.json`` running both on QNN HTP fp16.
+
+    The talker stays torch (the plan does not name it). Returns {"plan": path, "predictor": report,
+    "vocoder": report}.
+    """
+    from ..plan import PLAN_VERSION
+    from .vocoder import export_vocoder_onnx
+
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    pred = export_predictor_onnx(model, os.path.join(out_dir, "predictor_step.onnx"))
+    voc_name = f"vocoder_step{int(codes_length)}.onnx"
+    voc = export_vocoder_onnx(model, int(codes_length), os.path.join(out_dir, voc_name))
+    options = {"soc_model": str(soc_model), "fp16": True}
+    plan = {
+        "version": PLAN_VERSION,
+        "code_predictor": {"impl": "qnn", "artifacts": {"main": "predictor_step.onnx"},
+                           "options": options, "precision": "fp16"},
+        "speech_decoder": {"impl": "qnn", "artifacts": {"main": voc_name},
+                           "options": options, "precision": "fp16"},
+    }  # fmt: skip
+    path = os.path.join(out_dir, "plan.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(plan, fh, indent=2)
+        fh.write("\n")
+    os.replace(path + ".tmp", path)
+    return {"plan": path, "predictor": pred, "vocoder": voc}
