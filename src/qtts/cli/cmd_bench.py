@@ -49,12 +49,13 @@ def run(args) -> int:
 
 
 def _label(plan_path: str) -> str:
-    """'onnx talker int4 / predictor int8 / vocoder fp32' from the plan's components."""
+    """'onnx: talker int4, predictor int8, vocoder fp32' from the plan's components."""
     from ..plan import load_plan
 
     plan = load_plan(plan_path)
-    parts = []
-    for name, short in (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder")):
-        spec = plan.get(name)
-        parts.append(f"{short} {spec.impl} {spec.precision or 'fp32'}")
-    return ", ".join(parts)
+    specs = [(short, plan.get(name)) for name, short in
+             (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder"))]  # fmt: skip
+    impls = {spec.impl for _, spec in specs}
+    if len(impls) == 1:
+        return f"{impls.pop()}: " + ", ".join(f"{short} {spec.precision or 'fp32'}" for short, spec in specs)
+    return ", ".join(f"{short} {spec.impl} {spec.precision or 'fp32'}" for short, spec in specs)
