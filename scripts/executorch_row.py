@@ -1,0 +1,153 @@
+"""ExecuTorch (XNNPACK) fidelity row and 1-thread speed for the code predictor and the vocoder step.
+
+Run in the ExecuTorch environment (not in CI; ~1-2 min on a tiny checkpoint)::
+
+    bash scripts/setup_executorch_env.sh
+    .venv-et/bin/qtts random-checkpoint --size tiny /tmp/tiny
+    .venv-et/bin/python scripts/executorch_row.py --model /tmp/tiny [--frames 16] [--codes-length 4]
+
+Code predictor: the plain fixed-shape step (``qtts.export.qnn``) lowered to XNNPACK; for
+``--frames`` random talker hidden states and code-0 values (fixed seed), greedy codebooks 1-15
+vs the torch fp32 backend (``TorchBackend.predict_frame``), and the SNR of every step's logits vs
+the same step in eager torch. Vocoder: the B-frame step lowered to XNNPACK, streamed (chunks of
+2 then 8 frames) vs the torch offline decode. Speeds are medians at 1 thread, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from qtts.audio import snr_db
+from qtts.backends.qnn import PlainPredictor, torch_tables
+from qtts.backends.torch import TorchBackend
+from qtts.decoders import TorchStepDecoder
+from qtts.export.executorch import (
+    EtStepDecoder,
+    export_predictor_pte,
+    export_vocoder_pte,
+    load_method,
+    method_runner,
+)
+from qtts.export.qnn import plain_step_class
+from qtts.options import SamplingParams
+from qtts.weights import load_checkpoint
+
+GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def predictor_row(talker, pte: str, frames: int) -> dict:
+    codec, tables = torch_tables(talker)
+    eager = plain_step_class()(talker.code_predictor.float().eval())
+
+    def eager_run(*arrays):
+        with torch.inference_mode():
+            return [t.numpy() for t in eager(*(torch.from_numpy(a) for a in arrays))]
+
+    cfg = talker.code_predictor.cfg
+    kv_shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 17, cfg.head_dim)
+    et = PlainPredictor(method_runner(load_method(pte, 1)), codec, tables, kv_shape)
+    ref_plain = PlainPredictor(eager_run, codec, tables, kv_shape)
+    ref = TorchBackend(talker, threads=1)
+    rng = np.random.default_rng(0)
+    hiddens = rng.standard_normal((frames, int(talker.cfg.hidden_size))).astype(np.float32)
+    code0s = rng.integers(0, cfg.vocab_size, frames)
+    u = np.zeros(15)
+    ref_codes, et_codes, snrs = [], [], []
+    for h, c0 in zip(hiddens, code0s):
+        ref_codes.append(ref.predict_frame(h, int(c0), GREEDY, u))
+        et_codes.append(et.predict_frame(h, int(c0), GREEDY, u))
+        a, b = ref_plain.frame_logits(h), et.frame_logits(h)
+        for j, code in enumerate([int(c0)] + list(ref_codes[-1][:-1])):  # teacher-forced on torch codes
+            snrs.append(snr_db(a(j, code), b(j, code)))
+    h0, c00 = hiddens[0], int(code0s[0])
+    return {
+        "codebooks_1_15_agreement": float(np.mean(np.concatenate(ref_codes) == np.concatenate(et_codes))),
+        "logit_snr_db_min": float(min(snrs)),
+        "logit_snr_db_median": float(np.median(snrs)),
+        "ms_per_frame_executorch": _median_ms(lambda: et.predict_frame(h0, c00, GREEDY, u), 20),
+        "ms_per_frame_torch": _median_ms(lambda: ref.predict_frame(h0, c00, GREEDY, u), 20),
+    }
+
+
+def vocoder_row(decoder, pte: str, contract, frames: int) -> dict:
+    codes = np.random.default_rng(1).integers(0, 2048, (frames, contract.num_quantizers)).astype(np.int64)
+    with torch.inference_mode():
+        ref = decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
+    et = EtStepDecoder(pte, contract, threads=1)
+    pieces, i = [], 0
+    while i < len(codes):
+        n = 2 if i == 0 else 8
+        pieces.append(et.decode(codes[i : i + n]))
+        i += n
+    b = contract.codes_length
+    block = codes[:b]
+    tdec = TorchStepDecoder(decoder, main=b, threads=1)
+
+    def et_step():
+        et.reset()
+        et.decode(block)
+
+    def torch_step():
+        tdec.reset()
+        tdec.decode(block)
+
+    return {
+        "vocoder_snr_db": float(snr_db(ref, np.concatenate(pieces))),
+        "ms_per_step_executorch": _median_ms(et_step, 10),
+        "ms_per_step_torch": _median_ms(torch_step, 10),
+        "codes_length": b,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="snapshot directory")
+    ap.add_argument("--frames", type=int, default=16, help="frames for both checks (default 16)")
+    ap.add_argument("--codes-length", type=int, default=4, help="vocoder frames per step (default 4)")
+    ap.add_argument("--out", help="directory for the .pte files (default: a temp dir)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out = args.out or tempfile.mkdtemp(prefix="qtts-et-")
+    ckpt = load_checkpoint(args.model, components=("talker", "decoder"))
+    talker = ckpt.model.talker.float().eval()
+    decoder = ckpt.speech_tokenizer.decoder.float().eval()
+    t0 = time.perf_counter()
+    pred = export_predictor_pte(talker, os.path.join(out, "predictor_step.pte"))
+    voc = export_vocoder_pte(
+        decoder, args.codes_length, os.path.join(out, f"vocoder_step{args.codes_length}.pte")
+    )
+    export_s = time.perf_counter() - t0
+    row = {"model": os.path.abspath(args.model), "export_s": round(export_s, 1)}
+    row["predictor_pte"] = {k: v for k, v in pred.items() if k != "path"}
+    row["vocoder_pte"] = {k: v for k, v in voc.items() if k not in ("path", "contract")}
+    row.update(predictor_row(talker, pred["path"], args.frames))
+    row.update(vocoder_row(decoder, voc["path"], voc["contract"], max(args.frames, 2 * args.codes_length)))
+    print(json.dumps(row, indent=2))
+    print(
+        f"| ExecuTorch XNNPACK fp32 (predictor + vocoder step) | codebooks 1-15 "
+        f"{row['codebooks_1_15_agreement']:.4f} | logit SNR min/median {row['logit_snr_db_min']:.1f} / "
+        f"{row['logit_snr_db_median']:.1f} dB | vocoder {row['vocoder_snr_db']:.1f} dB | predictor "
+        f"{row['ms_per_frame_executorch']:.2f} ms/frame vs torch {row['ms_per_frame_torch']:.2f} | vocoder "
+        f"{row['ms_per_step_executorch']:.2f} ms/step vs torch {row['ms_per_step_torch']:.2f} (B={row['codes_length']}) |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv-et: ExecuTorch 1.5.1 (XNNPACK) next to torch 2.13 CPU, plus qtts (editable), for
+# scripts/executorch_row.py. Separate from .venv because executorch pulls ~1.5 GB (torchao,
+# coremltools, pandas, ...). Idempotent: a stamp file makes a second run a fast no-op.
+#   bash scripts/setup_executorch_env.sh          # ~70 s on a 2-core machine
+#   ET_VENV=/path bash scripts/setup_executorch_env.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ET_VENV:-.venv-et}
+PY=${PYTHON:-python3}
+STAMP="$VENV/.qtts-et-env-v1"
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+echo "setting up the ExecuTorch environment in $VENV (once; ~1.5 GB)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+VPY="$VENV/bin/python"
+$VPY -m pip install -q -U pip wheel
+# executorch declares no torch dependency: pin the CPU torch qtts uses so no other torch is pulled
+$VPY -m pip install -q executorch==1.5.1 torch==2.13.0
+$VPY -m pip install -q -e .
+$VPY -c "from executorch.runtime import Runtime; import qtts; print('executorch ready:', Runtime.get().backend_registry.registered_backend_names)" >&2
+touch "$STAMP"

@@ -1,0 +1,117 @@
+"""ExecuTorch (XNNPACK) exports of the fixed-shape steps, and their runtime.
+
+``torch.export`` -> ``to_edge_transform_and_lower(XnnpackPartitioner)`` -> ``.pte`` ->
+``executorch.runtime``. Needs the ``.venv-et`` environment (``scripts/setup_executorch_env.sh``:
+executorch 1.5.1 next to torch 2.13 CPU); nothing in the core package imports this module.
+
+* :func:`export_predictor_pte`: :class:`~qtts.export.qnn` ``PlainPredictorStep`` (17-slot KV,
+  one-hot slot, 15 heads gathered by index); driven by :class:`qtts.backends.qnn.PlainPredictor`.
+* :func:`export_vocoder_pte`: :class:`~qtts.model.vocoder_step.VocoderStep` of ``B`` frames;
+  driven by :class:`EtStepDecoder` (the same schedule as the ONNX step decoder).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections import Counter
+
+import numpy as np
+
+from ..decoders import FixedStepDecoder
+from ..errors import require
+
+log = logging.getLogger(__name__)
+
+
+def _lower(module, args, out: str) -> dict:
+    """Export, lower to XNNPACK and write ``out`` (temp name, then rename); returns node counts."""
+    torch = require("torch", "export", "the ExecuTorch export")
+    exir = require(
+        "executorch.exir", "executorch", "the ExecuTorch export (run scripts/setup_executorch_env.sh)"
+    )
+    xnn = require(
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner", "executorch", "the XNNPACK partitioner"
+    )
+    with torch.no_grad():
+        ep = torch.export.export(module.eval(), args)
+    edge = exir.to_edge_transform_and_lower(ep, partitioner=[xnn.XnnpackPartitioner()])
+    nodes = Counter(
+        "delegated" if "executorch_call_delegate" in str(n.target) else "portable"
+        for n in edge.exported_program().graph.nodes
+        if n.op == "call_function" and "getitem" not in str(n.target)
+    )
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".pte.tmp", dir=os.path.dirname(out))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(edge.to_executorch().buffer)
+    os.replace(tmp, out)
+    return {"path": out, "bytes": os.path.getsize(out), "delegate_calls": nodes["delegated"],
+            "portable_ops": nodes["portable"]}  # fmt: skip
+
+
+def export_predictor_pte(talker, out: str) -> dict:
+    """The plain code-predictor step of ``talker`` (a loaded fp32 talker module) -> ``out`` .pte."""
+    torch = require("torch", "export", "the ExecuTorch export")
+    from .qnn import example_inputs, plain_step_class
+
+    predictor = talker.code_predictor.float().eval()
+    step = plain_step_class()(predictor)
+    args = tuple(torch.from_numpy(a) for a in example_inputs(predictor.cfg, int(talker.cfg.hidden_size)))
+    return _lower(step, args, out)
+
+
+def export_vocoder_pte(decoder, codes_length: int, out: str) -> dict:
+    """The B-frame vocoder step of a loaded fp32 ``decoder`` -> ``out`` .pte."""
+    torch = require("torch", "export", "the ExecuTorch export")
+    from ..model.vocoder_step import VocoderStep
+
+    step = VocoderStep(decoder.float().eval(), int(codes_length)).eval()
+    kv_slots = step.layout.kv_slots
+    args = (
+        torch.zeros(1, decoder.config.num_quantizers, int(codes_length), dtype=torch.int64),
+        step.rope_freqs(0),
+        torch.full((1,), float(min(int(codes_length), kv_slots))),
+        step.init_cache(),
+    )
+    report = _lower(step, args, out)
+    from .vocoder import step_contract
+
+    report["contract"] = step_contract(step)
+    return report
+
+
+def load_method(path: str, threads: int | None = 1):
+    """The ``forward`` method of a .pte (XNNPACK thread pool reset to ``threads``)."""
+    rt = require("executorch.runtime", "executorch", "the ExecuTorch runtime")
+    if threads:
+        portable = require(
+            "executorch.extension.pybindings.portable_lib", "executorch", "the ExecuTorch runtime"
+        )
+        portable._unsafe_reset_threadpool(int(threads))
+    return rt.Runtime.get().load_program(path).load_method("forward")
+
+
+def method_runner(method):
+    """numpy-in/numpy-out ``run(*arrays)`` over an ExecuTorch method."""
+    torch = require("torch", "export", "the ExecuTorch runtime")
+
+    def run(*arrays):
+        outs = method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        return [o.numpy() for o in outs]
+
+    return run
+
+
+class EtStepDecoder(FixedStepDecoder):
+    """Streaming speech decoder over one ExecuTorch vocoder step (zero-padded remainders)."""
+
+    def __init__(self, path: str, contract, threads: int | None = 1):
+        self._run_step = method_runner(load_method(path, threads))
+        super().__init__(contract, [contract.codes_length])
+
+    def _run(self, size, codes, freqs, valid, cache):
+        audio, cache = self._run_step(codes, freqs, valid, cache)
+        return audio, cache
