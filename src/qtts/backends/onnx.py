@@ -223,4 +223,11 @@ def create(snapshot_dir: str, components: dict, checkpoint=None, dtype: str = "f
     artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
     artifacts["talker"] = talker_path
     artifacts["code_predictor"] = _artifact_path(components["code_predictor"])
+    if threads is None:  # plan options: {"threads": N} on the talker entry
+        threads = _options(components["talker"]).get("threads")
     return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
+
+
+def _options(entry: Any) -> dict:
+    options = entry.get("options") if isinstance(entry, dict) else getattr(entry, "options", None)
+    return dict(options or {})
