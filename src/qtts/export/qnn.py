@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import require
+from ..errors import QttsError, require
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,11 @@ def export_qnn_bundle(model, out_dir: str, codes_length: int = 4, soc_model: str
     pred = export_predictor_onnx(model, os.path.join(out_dir, "predictor_step.onnx"))
     voc_name = f"vocoder_step{int(codes_length)}.onnx"
     voc = export_vocoder_onnx(model, int(codes_length), os.path.join(out_dir, voc_name))
+    pows = [r["path"] for r in (pred, voc) if "Pow" in r.get("ops", ()) or "Pow" in r.get("risky_ops", ())]
+    if pows:  # the HTP emulator computes Pow(-0.0, 2) = -4: such a graph decodes garbage on QNN
+        raise QttsError(
+            f"{', '.join(pows)}: the graph has Pow, which QNN HTP gets wrong for -0.0; square with x * x"
+        )
     options = {"soc_model": str(soc_model), "fp16": True}
     plan = {
         "version": PLAN_VERSION,
