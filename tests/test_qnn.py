@@ -2,7 +2,8 @@
 
 Gates are a few dB / points under what the tiny checkpoint measured (docs/npu.md):
 vocoder step 73.0 dB -> gate 65 dB; predictor logits median 54.4 dB, min 47.9 dB -> gates 48 / 40 dB;
-greedy codebooks 1-15 agreement 0.983 (16 frames) -> gate 0.9.
+greedy codebooks 1-15 agreement 0.983 (16 frames) -> gate 0.9; `verify_plan`, 4 frames: codebooks 1-15
+1.0 -> gate 0.9, vocoder 73.0 dB -> gate 65 dB.
 """
 
 from __future__ import annotations
@@ -141,3 +142,16 @@ def test_qnn_speech_decoder_stream_snr(checkpoint, bundle):
         ref = checkpoint.speech_tokenizer.decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
     assert out.shape == ref.shape and np.isfinite(out).all()
     assert snr_db(ref, out) >= 65.0
+
+
+def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
+    from qtts.verify import verify_plan
+
+    report = verify_plan(snapshot, bundle["plan"], frames=4, threads=1)
+    assert report["components"] == {
+        "talker": "torch/fp32", "code_predictor": "qnn/fp16", "speech_decoder": "qnn/fp16",
+    }  # fmt: skip
+    assert report["gated"] is False and report["passed"] is None  # fp16 plans are reported, not gated
+    assert report["code0_top1_agreement"] == 1.0  # the talker is the reference torch talker
+    assert report["codebooks_1_15_agreement"] >= 0.9
+    assert report["vocoder_snr_db"] >= 65.0
