@@ -1,6 +1,6 @@
-"""Import the official qwen-tts 0.1.1 package at runtime (only ``qtts bench --compare-official``).
+"""Import the official qwen-tts 0.1.1 package (``qtts bench --compare-official`` and the parity tests).
 
-Same shim as ``tests/official.py``: ``import qwen_tts`` pulls in its 25 Hz tokenizer, whose module
+``import qwen_tts`` pulls in its 25 Hz tokenizer, whose module
 imports sox and torchaudio at top level although the 12 Hz path never uses them. Missing ones are
 replaced by empty modules with a ModuleSpec (transformers probes ``importlib.util.find_spec``).
 Optional: needs ``pip install qwen-tts==0.1.1 --no-deps`` plus the ``reference`` extra.
@@ -41,7 +41,7 @@ def qwen_tts():
         import qwen_tts as pkg
     except ImportError as exc:
         raise MissingDependencyError(
-            "--compare-official needs the official package: pip install 'qtts[reference]' "
+            "the official package is needed (parity tests, --compare-official): pip install 'qtts[reference]' "
             "&& pip install qwen-tts==0.1.1 --no-deps"
         ) from exc
     return pkg
