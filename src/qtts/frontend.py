@@ -73,26 +73,27 @@ def _read_merges(path: str) -> list[tuple[str, str]]:
     return merges
 
 
+def added_token(spec: dict, default_special: bool = False):
+    """A ``tokenizers.AddedToken`` from one ``added_tokens_decoder`` entry of tokenizer_config.json."""
+    tk = require("tokenizers", "core", "the text tokenizer")
+    return tk.AddedToken(
+        spec["content"],
+        single_word=spec.get("single_word", False),
+        lstrip=spec.get("lstrip", False),
+        rstrip=spec.get("rstrip", False),
+        normalized=spec.get("normalized", False),
+        special=spec.get("special", default_special),
+    )
+
+
 def _added_tokens(path: str):
     """(id, AddedToken) pairs from tokenizer_config.json's added_tokens_decoder, sorted by id."""
-    tk = require("tokenizers", "core", "the text tokenizer")
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if not os.path.isfile(cfg_path):
         return []
     with open(cfg_path, encoding="utf-8") as fh:
         decoder = json.load(fh).get("added_tokens_decoder", {})
-    out = []
-    for idx, spec in sorted(decoder.items(), key=lambda kv: int(kv[0])):
-        token = tk.AddedToken(
-            spec["content"],
-            single_word=spec.get("single_word", False),
-            lstrip=spec.get("lstrip", False),
-            rstrip=spec.get("rstrip", False),
-            normalized=spec.get("normalized", False),
-            special=spec.get("special", False),
-        )
-        out.append((int(idx), token))
-    return out
+    return [(int(idx), added_token(spec)) for idx, spec in sorted(decoder.items(), key=lambda kv: int(kv[0]))]
 
 
 def _split(pattern: str):

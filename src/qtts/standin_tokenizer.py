@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-_QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+from .frontend import QWEN2_PATTERN, added_token
 
 
 def byte_symbols() -> list[str]:
@@ -45,20 +45,13 @@ def write_standin_tokenizer(out_dir: str, tokenizer_config: dict) -> str:
     tok.normalizer = tk.normalizers.NFC()
     tok.pre_tokenizer = tk.pre_tokenizers.Sequence(
         [
-            tk.pre_tokenizers.Split(tk.Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            tk.pre_tokenizers.Split(tk.Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tok.decoder = tk.decoders.ByteLevel()
     for idx, spec in added:
-        token = tk.AddedToken(
-            spec["content"],
-            single_word=spec.get("single_word", False),
-            lstrip=spec.get("lstrip", False),
-            rstrip=spec.get("rstrip", False),
-            normalized=spec.get("normalized", False),
-            special=spec.get("special", True),
-        )
+        token = added_token(spec, default_special=True)
         got = tok.add_tokens([token]) if not spec.get("special", True) else tok.add_special_tokens([token])
         if got != 1 or tok.token_to_id(spec["content"]) != idx:
             raise RuntimeError(f"stand-in tokenizer: {spec['content']} did not land at id {idx}")
