@@ -28,8 +28,13 @@ log = logging.getLogger(__name__)
 DEFAULT_THREADS = 2
 
 
-def session_options(threads: int | None = None, spinning: bool = True):
-    """ORT session options used for every graph: full graph optimization, ``threads`` intra-op."""
+def session_options(threads: int | None = None, spinning: bool = False):
+    """ORT session options used for every graph: full graph optimization, ``threads`` intra-op.
+
+    Spinning is off by default: the talker, predictor and vocoder sessions alternate on the same
+    two cores, and one session's spinning workers steal them from the next session (measured on
+    the full-size int4 plan with ~1 foreign core: 12.7-14.2 s with spinning off, 25.7-38.8 s on).
+    """
     ort = require("onnxruntime", "onnx", "the onnx backend")
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -41,7 +46,7 @@ def session_options(threads: int | None = None, spinning: bool = True):
     return so
 
 
-def open_session(path: str, threads: int | None = None, spinning: bool = True):
+def open_session(path: str, threads: int | None = None, spinning: bool = False):
     ort = require("onnxruntime", "onnx", "the onnx backend")
     if not os.path.isfile(path):
         raise InputError(f"ONNX artifact '{path}' not found; re-run 'qtts export onnx' or fix the plan")
@@ -92,7 +97,7 @@ class TalkerState:
 class OnnxBackend:
     """Talker + code predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
 
-    def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = True):
+    def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = False):
         """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest graph info."""
         self.threads = threads
         self.meta = meta
