@@ -155,3 +155,20 @@ def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
     assert report["code0_top1_agreement"] == 1.0  # the talker is the reference torch talker
     assert report["codebooks_1_15_agreement"] >= 0.9
     assert report["vocoder_snr_db"] >= 65.0
+
+
+def test_soundfile_still_writes_after_a_qnn_session(tmp_path):
+    """Fresh process: libsndfile first loaded after a QNN session broke every sf.write; qnn.py loads it first."""
+    import subprocess
+    import sys
+
+    model = _erf_model(tmp_path / "erf.onnx")
+    code = (
+        "import numpy as np\n"
+        "from qtts.qnn import QnnOptions, qnn_session\n"
+        f"qnn_session({model!r}, QnnOptions(cpu_fallback=True)).run(None, {{'x': np.ones((1, 8), np.float32)}})\n"
+        "import soundfile as sf\n"
+        f"sf.write({str(tmp_path / 'x.wav')!r}, np.zeros(240, np.float32), 24000)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    assert (tmp_path / "x.wav").stat().st_size > 44

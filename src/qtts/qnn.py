@@ -68,6 +68,10 @@ def register() -> None:
     with _registered:
         if _done:
             return
+        # Measured here: when soundfile first loads libsndfile *after* a QNN HTP session was
+        # created, every sf.write fails ("Invalid combination of format, subtype and endian").
+        # Loading it before the QNN libraries avoids that (soundfile is a core dependency).
+        require("soundfile", "qnn", "audio I/O")
         try:
             ort.register_execution_provider_library(oq.get_ep_name(), oq.get_library_path())
         except Exception as exc:  # onnxruntime raises its own Fail type; re-raise ours with a hint
