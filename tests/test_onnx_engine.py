@@ -175,3 +175,12 @@ def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
         wav = (0.3 * np.sin(np.arange(n) * 0.05) + 0.05 * rng.standard_normal(n)).astype(np.float32)
         ref = embed(ckpt.model.speaker_encoder, wav)
         np.testing.assert_allclose(enc.embed(wav), ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+    # the runtime uses the exported encoder when the plan names it (create_voice without torch's encoder)
+    import qtts
+
+    tts_onnx = qtts.load(snapshot, plan=str(tmp_path / "spk" / "plan.json"), threads=1)
+    tts_torch = qtts.load(snapshot, threads=1)
+    wav = (0.3 * np.sin(np.arange(24000 * 2) * 0.05)).astype(np.float32)
+    got = tts_onnx.create_voice(wav, sample_rate=24000).speaker
+    ref = tts_torch.create_voice(wav, sample_rate=24000).speaker
+    np.testing.assert_allclose(got, ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))

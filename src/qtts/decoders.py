@@ -271,10 +271,10 @@ class OnnxStepDecoder(FixedStepDecoder):
         def make(path):
             if session_factory is not None:
                 return session_factory(path)
-            opts = ort.SessionOptions()
-            if threads:
-                opts.intra_op_num_threads = int(threads)
-            return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+            from .backends.onnx import session_options  # the engine's settings (spinning off)
+
+            return ort.InferenceSession(path, sess_options=session_options(threads),
+                                        providers=["CPUExecutionProvider"])
 
         self._sessions = {c.codes_length: make(p) for p, c in contracts.items()}
         super().__init__(contracts[main], list(self._sessions))

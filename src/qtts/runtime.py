@@ -87,6 +87,11 @@ class Runtime:
 
     # -- encoders (voice creation) -------------------------------------------------------------
     def speaker_embedding(self, wav_24k: np.ndarray) -> np.ndarray:
+        spec = self.plan.get("speaker_encoder") if self.plan is not None else None
+        if spec is not None and spec.impl == "onnx":  # torch-free x-vector from an exported encoder
+            from .backends.onnx import OnnxSpeakerEncoder
+
+            return OnnxSpeakerEncoder(spec.artifact("main")).embed(wav_24k)
         import torch
 
         from .mel import log_mel
