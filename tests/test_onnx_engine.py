@@ -167,7 +167,7 @@ def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
     from qtts.weights import load_checkpoint
 
     snapshot = tiny_snapshot(kind="base")
-    plan = _export(snapshot, str(tmp_path / "spk"), "--components", "speaker_encoder")
+    plan = _export(snapshot, str(tmp_path / "spk"), "--components", "speaker_encoder", "speech_encoder")
     enc = OnnxSpeakerEncoder(str(tmp_path / "spk" / plan["speaker_encoder"]["artifacts"]["main"]))
     ckpt = load_checkpoint(snapshot, components=("speaker_encoder",))
     rng = np.random.default_rng(0)
@@ -181,6 +181,9 @@ def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
     tts_onnx = qtts.load(snapshot, plan=str(tmp_path / "spk" / "plan.json"), threads=1)
     tts_torch = qtts.load(snapshot, threads=1)
     wav = (0.3 * np.sin(np.arange(24000 * 2) * 0.05)).astype(np.float32)
-    got = tts_onnx.create_voice(wav, sample_rate=24000).speaker
-    ref = tts_torch.create_voice(wav, sample_rate=24000).speaker
-    np.testing.assert_allclose(got, ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+    got = tts_onnx.create_voice(wav, sample_rate=24000, ref_text="A reference.")
+    ref = tts_torch.create_voice(wav, sample_rate=24000, ref_text="A reference.")
+    tol = 1e-5 * max(1.0, float(np.abs(ref.speaker).max()))
+    np.testing.assert_allclose(got.speaker, ref.speaker, atol=tol)
+    assert got.ref_codes.shape == ref.ref_codes.shape == (25, 16)  # ICL codes from the ONNX encoder
+    np.testing.assert_array_equal(got.ref_codes, ref.ref_codes)

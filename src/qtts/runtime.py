@@ -106,6 +106,11 @@ class Runtime:
         return out.float().numpy()
 
     def encode_codes(self, wav_24k: np.ndarray) -> np.ndarray:
+        spec = self.plan.get("speech_encoder") if self.plan is not None else None
+        if spec is not None and spec.impl == "onnx":  # torch-free ICL reference codes
+            from .backends.onnx import OnnxSpeechEncoder
+
+            return OnnxSpeechEncoder(spec.artifact("main")).encode(wav_24k)
         import torch
 
         enc = self.checkpoint.speech_tokenizer.encoder

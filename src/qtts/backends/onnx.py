@@ -207,6 +207,18 @@ class OnnxSpeakerEncoder:
         return self.session.run(["embedding"], {"mel": mel})[0][0]
 
 
+class OnnxSpeechEncoder:
+    """Reference codes for ICL cloning: mono 24 kHz waveform -> ``[ceil(N/1920), 16]`` int64."""
+
+    def __init__(self, path: str, threads: int | None = None):
+        self.session = open_session(path, threads)
+
+    def encode(self, wav_24k: np.ndarray) -> np.ndarray:
+        wav = np.ascontiguousarray(wav_24k, dtype=np.float32).reshape(1, -1)
+        codes = self.session.run(["codes"], {"wav": wav})[0]  # [1, 16, frames]
+        return np.ascontiguousarray(codes[0].T, dtype=np.int64)
+
+
 def _artifact_path(entry: Any, key: str = "main") -> str:
     artifacts = entry.get("artifacts") if isinstance(entry, dict) else getattr(entry, "artifacts", None)
     if not artifacts or key not in artifacts:

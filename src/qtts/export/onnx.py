@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 OPSET = 17
 PRECISIONS = ("fp32", "int8", "int4")
-COMPONENTS = ("talker", "code_predictor", "speech_decoder", "speaker_encoder")
+COMPONENTS = ("talker", "code_predictor", "speech_decoder", "speaker_encoder", "speech_encoder")
 #: code-predictor graph flavours: one fused 15-step frame graph, or one graph per step
 PREDICTOR_MODES = ("frame", "step")
 
@@ -169,13 +169,21 @@ def export_text_projection(talker, path: str) -> dict:
     return {"inputs": ["rows"], "outputs": ["embeds"]}
 
 
-def export_speaker_encoder(encoder, path: str) -> dict:
-    """ECAPA speaker encoder: ``mel [1, frames, 128]`` (qtts.mel.log_mel) -> ``embedding [1, enc_dim]``."""
-    import torch
+def export_speech_encoder_for(snapshot: str, out: str):
+    """The speech-tokenizer encoder (reference audio -> codes, ICL cloning), Base checkpoints only.
 
-    args = (torch.zeros(1, 200, 128),)
-    export_graph(encoder.eval(), args, path, ["mel"], ["embedding"], {"mel": {1: "frames"}})
-    return {"inputs": ["mel"], "outputs": ["embedding"]}
+    Returns ``(plan entry, manifest entry)``, or ``(None, None)`` when the checkpoint cannot clone.
+    """
+    from ..config import ModelConfig
+    from ..weights import load_checkpoint
+    from .encoders import export_speech_encoder
+
+    if ModelConfig.from_dir(snapshot, speech_tokenizer=False).tts_model_type != "base":
+        return None, None
+    ckpt = load_checkpoint(snapshot, components=("encoder",))
+    info = export_speech_encoder(ckpt.speech_tokenizer.encoder, os.path.join(out, "speech_encoder.onnx"))
+    entry = {"impl": "onnx", "artifacts": {"main": "speech_encoder.onnx"}, "precision": "fp32"}
+    return entry, info
 
 
 def write_tables(talker, directory: str) -> dict:
@@ -308,13 +316,21 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions) -> dict:
     if "speaker_encoder" in opts.components:
         ckpt = load_checkpoint(snapshot, components=("speaker_encoder",))
         if ckpt.model.speaker_encoder is not None:
-            export_speaker_encoder(ckpt.model.speaker_encoder, os.path.join(out, "speaker_encoder.onnx"))
+            from .encoders import export_speaker_encoder
+
+            meta["speaker_encoder"] = export_speaker_encoder(
+                ckpt.model.speaker_encoder, os.path.join(out, "speaker_encoder.onnx")
+            )
             plan["speaker_encoder"] = {
                 "impl": "onnx",
                 "artifacts": {"main": "speaker_encoder.onnx"},
                 "precision": "fp32",
             }
         del ckpt
+    if "speech_encoder" in opts.components:
+        plan_entry, meta_entry = export_speech_encoder_for(snapshot, out)
+        if plan_entry is not None:
+            plan["speech_encoder"], meta["speech_encoder"] = plan_entry, meta_entry
     if "speech_decoder" in opts.components and opts.vocoder_main > 0:
         entry, vmeta = export_speech_decoder(snapshot, out, opts)
         plan["speech_decoder"] = entry
