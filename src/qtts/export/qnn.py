@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
-import warnings
 
 import numpy as np
 
 from ..errors import QttsError, require
+from .single_file import export_single_file
 
 log = logging.getLogger(__name__)
 
@@ -127,28 +126,10 @@ def export_predictor_onnx(model, out: str) -> dict:
     predictor, talker = load_predictor(model)
     step = plain_step_class()(predictor).eval()
     args = tuple(torch.from_numpy(a) for a in example_inputs(predictor.cfg, int(talker.cfg.hidden_size)))
-    out = os.path.abspath(out)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
-    os.close(fd)
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                step, args, tmp, input_names=list(INPUTS), output_names=list(OUTPUTS),
-                opset_version=OPSET, do_constant_folding=True, dynamo=False,
-            )  # fmt: skip
-        m = onnx.load(tmp)
-        meta = {"slots": SLOTS, "layers": predictor.cfg.num_hidden_layers,
-                "kv_heads": predictor.cfg.num_key_value_heads, "head_dim": predictor.cfg.head_dim,
-                "vocab": predictor.cfg.vocab_size, "talker_hidden": int(talker.cfg.hidden_size)}  # fmt: skip
-        prop = m.metadata_props.add()
-        prop.key, prop.value = "qtts.npu_predictor", json.dumps(meta)
-        onnx.save(m, tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    meta = {"slots": SLOTS, "layers": predictor.cfg.num_hidden_layers,
+            "kv_heads": predictor.cfg.num_key_value_heads, "head_dim": predictor.cfg.head_dim,
+            "vocab": predictor.cfg.vocab_size, "talker_hidden": int(talker.cfg.hidden_size)}  # fmt: skip
+    out = export_single_file(step, args, out, INPUTS, OUTPUTS, {"qtts.npu_predictor": json.dumps(meta)})
     ops = sorted({n.op_type for n in onnx.load(out, load_external_data=False).graph.node})
     log.info("exported the plain predictor step to %s (ops: %s)", out, ", ".join(ops))
     return {"path": out, "ops": ops, **meta}

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
-import warnings
 from collections import Counter
 
 import numpy as np
 
 from ..decoders import STEP_INPUTS, STEP_OUTPUTS, OnnxStepDecoder, StepContract
 from ..errors import InputError, QttsError, require
+from .single_file import export_single_file
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,6 @@ def step_contract(step) -> StepContract:
 def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
     """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report."""
     torch = require("torch", "export", "exporting the vocoder")
-    onnx = require("onnx", "export", "exporting the vocoder")
     from ..model.vocoder_step import VocoderStep
 
     if int(codes_length) < 1:
@@ -67,25 +64,9 @@ def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
         torch.full((1,), float(min(b, contract.kv_slots))),  # mid-range: no clamp branch folds away
         step.init_cache(),
     )
-    out = os.path.abspath(out)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
-    os.close(fd)
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # int(shape) is static on purpose
-            torch.onnx.export(
-                step, args, tmp, input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
-                opset_version=OPSET, do_constant_folding=True, dynamo=False,
-            )  # fmt: skip
-        m = onnx.load(tmp)
-        entry = m.metadata_props.add()
-        entry.key, entry.value = "qtts.step_contract", contract.to_json()
-        onnx.save(m, tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    out = export_single_file(
+        step, args, out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
+    )
     report = graph_report(out)
     report.update(path=out, codes_length=b, cache_size=contract.cache_size, head_dim=contract.head_dim)
     log.info("exported %s: %d nodes, risky ops %s", out, report["nodes"], report["risky_ops"] or "none")
