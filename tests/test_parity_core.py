@@ -119,6 +119,32 @@ def test_code_predictor_all_15_steps(pair, layout):
         assert_close(cp.head(j, out), ref_out.logits, f"predictor step {j} (code {j + 1}) logits")
 
 
+def _talker_then_predictor(ours, ref, close, steps, seed, code0, code_step, what):
+    """Talker prefill + ``steps`` KV-cached decode steps, then a predictor frame fed ``code0`` and
+    codes ``code_step * j``: every logits tensor checked against the official modules by ``close``."""
+    embeds = _talker_inputs(ours, PREFILL + steps, seed=seed)
+    ref_logits = ref(inputs_embeds=embeds, use_cache=False).logits
+    cache = ours.new_cache(PREFILL + steps)
+    logits, hidden, cache = ours(embeds[:, :PREFILL], 0, cache)
+    close(logits, ref_logits[:, :PREFILL], f"{what}prefill logits")
+    for pos in range(PREFILL, PREFILL + steps):
+        logits, hidden, cache = ours(embeds[:, pos : pos + 1], pos, cache)
+        close(logits, ref_logits[:, pos : pos + 1], f"{what}decode logits at {pos}")
+    cp = ours.code_predictor
+    prefill = torch.cat([hidden, ours.embed_codec(torch.tensor([[code0]]))], dim=1)
+    out, pcache = cp(prefill, 0, cp.new_cache())
+    ref_out = ref.code_predictor(inputs_embeds=prefill, use_cache=True)
+    close(cp.head(0, out[:, -1:]), ref_out.logits[:, -1:], f"{what}predictor prefill logits")
+    for j in range(1, 15):
+        code = torch.tensor([[code_step * j]])
+        out, pcache = cp(cp.embed(j - 1, code), j + 1, pcache)
+        ref_out = ref.code_predictor(
+            input_ids=code, past_key_values=ref_out.past_key_values,
+            generation_steps=ref_out.generation_steps, use_cache=True,
+        )  # fmt: skip
+        close(cp.head(j, out), ref_out.logits, f"{what}predictor step {j} logits")
+
+
 @pytest.mark.parametrize("layout", ["1.7b"])
 @torch.no_grad()
 def test_bf16_matches_official_eager_bf16(tiny_snapshot, layout):
@@ -140,29 +166,7 @@ def test_bf16_matches_official_eager_bf16(tiny_snapshot, layout):
         err = (a.float() - b.float()).abs().max().item()
         assert err <= 1e-3 * b.float().abs().max().item(), f"{what}: bf16 max abs err {err:.3e}"
 
-    embeds = _talker_inputs(ours, PREFILL + 4, seed=5)
-    ref_logits = ref(inputs_embeds=embeds, use_cache=False).logits
-    cache = ours.new_cache(PREFILL + 4)
-    logits, hidden, cache = ours(embeds[:, :PREFILL], 0, cache)
-    close(logits, ref_logits[:, :PREFILL], "prefill logits")
-    for pos in range(PREFILL, PREFILL + 4):
-        logits, hidden, cache = ours(embeds[:, pos : pos + 1], pos, cache)
-        close(logits, ref_logits[:, pos : pos + 1], f"decode logits at {pos}")
-    cp = ours.code_predictor
-    prefill = torch.cat([hidden, ours.embed_codec(torch.tensor([[7]]))], dim=1)
-    out, pcache = cp(prefill, 0, cp.new_cache())
-    ref_out = ref.code_predictor(inputs_embeds=prefill, use_cache=True)
-    close(cp.head(0, out[:, -1:]), ref_out.logits[:, -1:], "predictor prefill logits")
-    for j in range(1, 15):
-        code = torch.tensor([[100 * j]])
-        out, pcache = cp(cp.embed(j - 1, code), j + 1, pcache)
-        ref_out = ref.code_predictor(
-            input_ids=code,
-            past_key_values=ref_out.past_key_values,
-            generation_steps=ref_out.generation_steps,
-            use_cache=True,
-        )
-        close(cp.head(j, out), ref_out.logits, f"predictor step {j} logits")
+    _talker_then_predictor(ours, ref, close, steps=4, seed=5, code0=7, code_step=100, what="")
 
 
 @pytest.mark.slow
@@ -180,26 +184,4 @@ def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts):
     )
     ours = load_checkpoint(path, components=("talker",)).model.talker
     ref = official_tts(path).model.talker
-    embeds = _talker_inputs(ours, PREFILL + 3, seed=6)
-    ref_logits = ref(inputs_embeds=embeds, use_cache=False).logits
-    cache = ours.new_cache(PREFILL + 3)
-    logits, hidden, cache = ours(embeds[:, :PREFILL], 0, cache)
-    assert_close(logits, ref_logits[:, :PREFILL], "full-size prefill logits")
-    for pos in range(PREFILL, PREFILL + 3):
-        logits, hidden, cache = ours(embeds[:, pos : pos + 1], pos, cache)
-        assert_close(logits, ref_logits[:, pos : pos + 1], f"full-size decode logits at {pos}")
-    cp = ours.code_predictor
-    prefill = torch.cat([hidden, ours.embed_codec(torch.tensor([[11]]))], dim=1)
-    out, pcache = cp(prefill, 0, cp.new_cache())
-    ref_out = ref.code_predictor(inputs_embeds=prefill, use_cache=True)
-    assert_close(cp.head(0, out[:, -1:]), ref_out.logits[:, -1:], "full-size predictor prefill")
-    for j in range(1, 15):
-        code = torch.tensor([[123 * j]])
-        out, pcache = cp(cp.embed(j - 1, code), j + 1, pcache)
-        ref_out = ref.code_predictor(
-            input_ids=code,
-            past_key_values=ref_out.past_key_values,
-            generation_steps=ref_out.generation_steps,
-            use_cache=True,
-        )
-        assert_close(cp.head(j, out), ref_out.logits, f"full-size predictor step {j}")
+    _talker_then_predictor(ours, ref, assert_close, steps=3, seed=6, code0=11, code_step=123, what="full-size ")
