@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
+from .layers import LayerScale, rotate_half
 
 _CODEBOOK_EPS = 1e-5
 
@@ -106,20 +107,6 @@ class SEANetEncoder(nn.Module):
         return x
 
 
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -139,8 +126,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)

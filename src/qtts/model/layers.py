@@ -57,6 +57,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class LayerScale(nn.Module):
+    """Per-channel residual-branch scale (speech-tokenizer transformers): key ``scale`` [dim]."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, heads, T, hd]; cos/sin: [T, hd]."""
     return x * cos + rotate_half(x) * sin

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
+from .layers import LayerScale, rotate_half
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
@@ -33,11 +34,6 @@ def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
     """[head_dim/2] fp32 inverse frequencies, computed exactly like the official default RoPE init."""
     idx = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
     return 1.0 / (theta ** (idx / head_dim))
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 # ----------------------------------------------------------------------------- quantizer
@@ -257,15 +253,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class TransformerLayer(nn.Module):
