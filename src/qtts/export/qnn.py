@@ -145,6 +145,10 @@ def export_qnn_bundle(model, out_dir: str, codes_length: int = 4, soc_model: str
     from .vocoder import export_vocoder_onnx
 
     out_dir = os.path.abspath(out_dir)
+    if not hasattr(model, "code_predictor"):  # a bad snapshot path fails before anything is created
+        from ..weights import resolve_snapshot
+
+        model = resolve_snapshot(str(model))
     os.makedirs(out_dir, exist_ok=True)
     pred = export_predictor_onnx(model, os.path.join(out_dir, "predictor_step.onnx"))
     voc_name = f"vocoder_step{int(codes_length)}.onnx"
