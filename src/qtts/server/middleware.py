@@ -2,6 +2,10 @@
 
 * Bodies larger than the route's limit get 413 before the app reads them (from Content-Length),
   or as soon as the streamed body passes the limit (chunked uploads without a length).
+* Whenever a response starts before the request body was read to its end (a 413, or any error
+  raised before the route parsed the body), the rest of the body is read and dropped first, up
+  to ``DRAIN_CAP`` bytes: closing a socket with unread bytes makes the kernel send a TCP reset,
+  which can destroy the response before the client reads it.
 * One access-log record per request on the ``qtts.server.access`` logger, as a JSON object:
   request id, method, path, route, status, duration, bytes sent, plus what the route added
   (frames, audio seconds, time to first audio, finish reason, cancelled).
@@ -23,11 +27,47 @@ access_log = logging.getLogger("qtts.server.access")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 #: multipart framing and form fields on top of the audio file itself
 UPLOAD_OVERHEAD = 64 * 1024
+#: most bytes of a request body read and dropped before an early response; past it the server
+#: answers at once, and the client may see a connection reset instead of the response
+DRAIN_CAP = 32 * 1024 * 1024
 
 
 class BodyTooLarge(StarletteHTTPException):
     def __init__(self, limit: int):
         super().__init__(413, f"request body too large: the limit is {limit} bytes")
+
+
+class _Body:
+    """The request body as the app reads it: counts bytes, enforces ``limit``, drains the rest."""
+
+    def __init__(self, receive, headers: dict, limit: int):
+        self._receive, self.limit, self.received = receive, limit, 0
+        try:
+            self.length = max(0, int(headers.get("content-length", "0") or 0))
+        except ValueError:
+            self.length = 0
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.done = self.length == 0 and not chunked
+
+    async def receive(self):
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.done = not message.get("more_body", False)
+            if self.received > self.limit:
+                raise BodyTooLarge(self.limit)
+        elif message["type"] == "http.disconnect":
+            self.done = True
+        return message
+
+    async def drain(self) -> None:
+        """Read and drop what is left of the body (nothing when it is past ``DRAIN_CAP``)."""
+        if self.length > DRAIN_CAP:
+            self.done = True
+        while not self.done and self.received <= DRAIN_CAP:
+            message = await self._receive()
+            self.received += len(message.get("body", b""))
+            self.done = message["type"] != "http.request" or not message.get("more_body", False)
 
 
 class AccessMiddleware:
@@ -50,10 +90,11 @@ class AccessMiddleware:
         rid = rid if _REQUEST_ID_RE.match(rid) else uuid.uuid4().hex[:16]
         info = {"status": None, "bytes": 0}
         scope.setdefault("state", {})["access"] = extra = {}
-        limit = self._limit(scope)
+        body = _Body(receive, headers, self._limit(scope))
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
+                await body.drain()
                 info["status"] = message["status"]
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
@@ -61,27 +102,12 @@ class AccessMiddleware:
                 info["bytes"] += len(message.get("body", b""))
             await send(message)
 
-        received = 0
-
-        async def receive_wrapper():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(limit)
-            return message
-
         try:
-            length = int(headers.get("content-length", "0") or 0)
-        except ValueError:
-            length = 0
-        try:
-            if length > limit:
-                await self._reject(send_wrapper, 413, f"request body too large: {length} bytes; the limit "
-                                   f"is {limit} bytes")
+            if body.length > body.limit:
+                await self._reject(send_wrapper, 413, f"request body too large: {body.length} bytes; the limit "
+                                   f"is {body.limit} bytes")
             else:
-                await self.app(scope, receive_wrapper, send_wrapper)
+                await self.app(scope, body.receive, send_wrapper)
         except BodyTooLarge as exc:
             if info["status"] is None:
                 await self._reject(send_wrapper, 413, exc.detail)
