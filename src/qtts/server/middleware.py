@@ -48,8 +48,11 @@ class _Body:
             self.length = 0
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         self.done = self.length == 0 and not chunked
+        # a client that sent "Expect: 100-continue" sends no body until the app first reads it
+        self.unread_continue = headers.get("expect", "").lower() == "100-continue"
 
     async def receive(self):
+        self.unread_continue = False
         message = await self._receive()
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
@@ -62,7 +65,7 @@ class _Body:
 
     async def drain(self) -> None:
         """Read and drop what is left of the body (nothing when it is past ``DRAIN_CAP``)."""
-        if self.length > DRAIN_CAP:
+        if self.length > DRAIN_CAP or self.unread_continue:
             self.done = True
         while not self.done and self.received <= DRAIN_CAP:
             message = await self._receive()
