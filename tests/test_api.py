@@ -220,6 +220,7 @@ def test_real_stream_equals_offline_decode(real_tts, icl):
     from qtts.synthesis_modes import resolve
 
     rt = real_tts.runtime
+    assert rt.new_decoder().threads == 1  # load(threads=1) reaches the vocoder too
     rng = np.random.default_rng(5)
     voice = Voice(rng.standard_normal(rt.config.talker.hidden_size).astype(np.float32), model_size="0b6",
                   ref_codes=rng.integers(0, 2048, (10, 16)) if icl else None, ref_text="Ref." if icl else None)

@@ -83,6 +83,9 @@ def test_plan_selects_the_onnx_decoder(exported, tmp_path):
     dec = create_decoder(None, plan=str(plan))
     assert isinstance(dec, OnnxStepDecoder) and dec.sizes == [4, 2]
     assert snr_db(ref[: 20 * 1920], feed(dec, codes[:20], [2, 8])) >= 80.0
+    # the runtime's thread count reaches the vocoder sessions (qtts.load(..., threads=1))
+    one = create_decoder(None, plan=str(plan), threads=1)
+    assert {s.get_session_options().intra_op_num_threads for s in one._sessions.values()} == {1}
 
 
 def test_non_step_onnx_is_rejected(exported, tmp_path):

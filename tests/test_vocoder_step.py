@@ -187,6 +187,10 @@ def test_create_decoder_defaults_to_torch_step(tiny):
     dec = create_decoder(None, plan={"speech_decoder": {"impl": "torch", "options": {"main": 8}}},
                          checkpoint_loader=lambda: Ckpt)  # fmt: skip
     assert isinstance(dec, TorchStepDecoder) and dec.contract.codes_length == 8
+    assert dec.threads is None
+    pinned = create_decoder(None, plan={"speech_decoder": {"impl": "torch"}}, checkpoint_loader=lambda: Ckpt,
+                            threads=1)
+    assert pinned.threads == 1  # the runtime's thread count, where the plan sets none
     full = create_decoder(None, plan={"speech_decoder": {"impl": "torch", "options": {"mode": "full"}}},
                           checkpoint_loader=lambda: Ckpt)  # fmt: skip
     assert isinstance(full, TorchFullDecoder)

@@ -350,23 +350,25 @@ def _torch_decoder(checkpoint_or_dir):
     return checkpoint_or_dir
 
 
-def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
+def make_decoder(spec, checkpoint_or_dir=None, threads: int | None = None) -> StreamingDecoder:
     """Build the speech decoder a plan entry (``qtts.plan.ComponentSpec`` or None) asks for.
 
     torch options: ``mode`` ("step" default | "full"), ``main`` (16), ``threads``. (torch needs no
     ``first``: a call shorter than ``main`` simply gets a step of its own size.)
-    onnx options: ``threads``. rknn options: ``core_mask``.
+    onnx options: ``threads``. rknn options: ``core_mask``. ``threads`` (the runtime's setting)
+    applies where the plan entry sets none.
     """
     impl = getattr(spec, "impl", "torch") if spec is not None else "torch"
     opts = dict(getattr(spec, "options", None) or {})
     arts = dict(getattr(spec, "artifacts", None) or {})
+    threads = opts.get("threads", threads)
     if impl == "torch":
         dec = _torch_decoder(checkpoint_or_dir)
         if opts.get("mode", "step") == "full":
             return TorchFullDecoder(dec)
-        return TorchStepDecoder(dec, int(opts.get("main", 16)), opts.get("threads"))
+        return TorchStepDecoder(dec, int(opts.get("main", 16)), threads)
     if impl == "onnx":
-        return OnnxStepDecoder(arts["main"], arts.get("first"), opts.get("threads"))
+        return OnnxStepDecoder(arts["main"], arts.get("first"), threads)
     if impl == "rknn":
         return RknnStepDecoder(arts["main"], arts.get("first"), opts.get("core_mask"))
     if impl == "qnn":  # qnn options: soc_model, fp16 (qtts.qnn.QnnOptions)
@@ -376,23 +378,25 @@ def make_decoder(spec, checkpoint_or_dir=None) -> StreamingDecoder:
     raise InputError(f"speech_decoder impl '{impl}' is not supported; use torch, onnx, rknn or qnn")
 
 
-def create_decoder(snapshot_dir: str | None, plan=None, checkpoint_loader=None) -> StreamingDecoder:
+def create_decoder(snapshot_dir: str | None, plan=None, checkpoint_loader=None,
+                   threads: int | None = None) -> StreamingDecoder:
     """The speech decoder a plan (``qtts.plan.Plan``, dict, path or None) names; used by the runtime.
 
-    ``checkpoint_loader()`` returns a loaded Checkpoint; it is only called for torch.
+    ``checkpoint_loader()`` returns a loaded Checkpoint; it is only called for torch. ``threads``:
+    intra-op threads where the plan entry sets none.
     """
     from .plan import Plan, load_plan
 
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     spec = plan.get("speech_decoder")
     if spec.impl != "torch":
-        return make_decoder(spec)
+        return make_decoder(spec, threads=threads)
     source = checkpoint_loader() if checkpoint_loader is not None else snapshot_dir
     dec = _torch_decoder(source)
     if next(dec.parameters()).dtype != _torch_float32():
         log.info("speech decoder is not fp32: using the offline decoder instead of the fp32 step")
         return TorchFullDecoder(dec)
-    return make_decoder(spec, dec)
+    return make_decoder(spec, dec, threads)
 
 
 def _torch_float32():

@@ -29,6 +29,7 @@ class Runtime:
         self._checkpoint_loader = checkpoint_loader
         self._checkpoint = None
         self._decoder_factory = decoder_factory
+        self.threads: int | None = None  # intra-op threads for every component (None: each default)
 
     @classmethod
     def open(cls, model: str, plan=None, dtype: str = "float32", threads: int | None = None,
@@ -50,6 +51,7 @@ class Runtime:
             return load_checkpoint(snapshot, dtype=torch_dtype(dtype), speech_tokenizer_dtype=torch_dtype("float32"))
 
         rt = cls(config, tokenizer, None, checkpoint_loader=loader, plan=plan, snapshot_dir=snapshot)
+        rt.threads = threads
         if backend is None:
             ckpt = rt.checkpoint if _impl(plan, "talker") == "torch" else None
             backend = create_backend(snapshot, plan, checkpoint=ckpt, dtype=dtype, threads=threads)
@@ -147,4 +149,5 @@ def make_decoder(rt: Runtime):
     """The stateful streaming decoder the plan names (``speech_decoder``; torch step by default)."""
     from .decoders import create_decoder
 
-    return create_decoder(rt.snapshot_dir, plan=rt.plan, checkpoint_loader=lambda: rt.checkpoint)
+    return create_decoder(rt.snapshot_dir, plan=rt.plan, checkpoint_loader=lambda: rt.checkpoint,
+                          threads=rt.threads)
