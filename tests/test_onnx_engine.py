@@ -135,7 +135,7 @@ def test_quantized_bundles_run(snapshot, quantized_bundles, precision):
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as fh:
         q = json.load(fh)["graphs"]["talker"]["quantization"]
     assert (
-        q["bits"] == {"int8": 8, "int4": 4}[precision] and q["accuracy_level"] == 4 and q["block_size"] == 32
+        q["bits"] == {"int8": 8, "int4": 4}[precision] and q["accuracy_level"] == 4 and q["block_size"] == 128
     )
     graph = onnx.load(os.path.join(out, plan["talker"]["artifacts"]["main"]), load_external_data=False).graph
     ops = {n.op_type for n in graph.node}
@@ -187,3 +187,20 @@ def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
     np.testing.assert_allclose(got.speaker, ref.speaker, atol=tol)
     assert got.ref_codes.shape == ref.ref_codes.shape == (25, 16)  # ICL codes from the ONNX encoder
     np.testing.assert_array_equal(got.ref_codes, ref.ref_codes)
+
+
+def test_bench_side_by_side_with_official(snapshot, fp32_bundle, quantized_bundles, tmp_path, capsys):
+    """`qtts bench` on the tiny checkpoint: two plans and the official code in one run -> table, JSON, PNG."""
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["bench", "--model", snapshot, "--plan", os.path.join(fp32_bundle, "plan.json"),
+            "--plan", os.path.join(quantized_bundles["int8"], "plan.json"), "--frames", "6", "--repeats", "1",
+            "--threads", "1", "--compare-official", "--json", str(out_json), "--plot", str(out_png)]  # fmt: skip
+    assert qtts_main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| plan | talker ms/frame |" in text and "official qwen-tts fp32" in text and "Speed-up" in text
+    assert "talker onnx int8, predictor onnx int8, vocoder torch fp32 (block 128)" in text  # block from the manifest
+    data = json.loads(out_json.read_text())
+    assert [r["frames"] for r in data["results"]] == [6, 6] and data["official"]["frames"] == 6
+    for r in data["results"]:
+        assert r["rtf"] > 0 and r["ttfa_ms"] > 0 and r["talker_ms"] > 0 and r["vocoder_ms"] > 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

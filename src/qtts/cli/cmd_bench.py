@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 COMMAND = ("bench",)
 HELP = "benchmark plans (and optionally the official qwen-tts) on one checkpoint, side by side"
@@ -57,5 +58,19 @@ def _label(plan_path: str) -> str:
              (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder"))]  # fmt: skip
     impls = {spec.impl for _, spec in specs}
     if len(impls) == 1:
-        return f"{impls.pop()}: " + ", ".join(f"{short} {spec.precision or 'fp32'}" for short, spec in specs)
-    return ", ".join(f"{short} {spec.impl} {spec.precision or 'fp32'}" for short, spec in specs)
+        label = f"{impls.pop()}: " + ", ".join(f"{short} {spec.precision or 'fp32'}" for short, spec in specs)
+    else:
+        label = ", ".join(f"{short} {spec.impl} {spec.precision or 'fp32'}" for short, spec in specs)
+    block = _block_size(plan_path)
+    quantized = any(spec.precision in ("int8", "int4") for _, spec in specs)
+    return f"{label} (block {block})" if block and quantized else label
+
+
+def _block_size(plan_path: str) -> int | None:
+    """MatMulNBits block size from the bundle manifest next to the plan (None when absent)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(plan_path)), "manifest.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return int(json.load(fh)["options"]["block_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

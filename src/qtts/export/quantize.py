@@ -20,10 +20,14 @@ log = logging.getLogger(__name__)
 BITS = {"int8": 8, "int4": 4}
 #: MatMulNBits accuracy level (4 = int8 compute), chosen by measurement (see module docstring)
 ACCURACY_LEVEL = 4
+#: MatMulNBits block size along K, chosen by measurement (docs/performance.md): on the full-size
+#: 0.6B talker and predictor, block 128 is 10-20 % faster than 32 (int8 talker 21-23 vs 26-31 ms,
+#: predictor 50-58 vs 64-77 ms per frame) for ~2 dB less talker-logit SNR (docs/fidelity.md)
+DEFAULT_BLOCK_SIZE = 128
 
 
 def quantize_file(
-    path: str, precision: str, block_size: int = 32, accuracy_level: int = ACCURACY_LEVEL
+    path: str, precision: str, block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = ACCURACY_LEVEL
 ) -> dict:
     """Quantize the graph at ``path`` in place (fp32 -> ``precision``); returns the recorded settings."""
     if precision == "fp32":
