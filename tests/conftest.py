@@ -75,6 +75,19 @@ def tiny_snapshot(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def real_tts(tiny_snapshot):
+    """``qtts.load`` of the tiny Base checkpoint on one thread (torch pinned to one thread too)."""
+    import torch
+
+    import qtts
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield qtts.load(tiny_snapshot(), threads=1)
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def official_tts():
     import torch

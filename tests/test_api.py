@@ -199,18 +199,6 @@ def test_facts():
 # -- the real pipeline on a tiny random checkpoint --------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_tts(tiny_snapshot):
-    import torch
-
-    import qtts
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield qtts.load(tiny_snapshot(), threads=1)
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("icl", [False, True])
 def test_real_stream_equals_offline_decode(real_tts, icl):
     import torch

@@ -105,18 +105,6 @@ def test_automatic_budget_bounds_a_never_ending_model():
     assert audio.info["frames"] == 40 + 8 * 3  # frame_budget of 3 tokens
 
 
-@pytest.fixture(scope="module")
-def real_tts(tiny_snapshot):
-    import torch
-
-    import qtts
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield qtts.load(tiny_snapshot(), threads=1)
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("name", sorted(BOUNDED_TEXTS))
 def test_bounded_real_pipeline(real_tts, name):
     """The same inputs through the real tokenizer, prompt builder, torch backend and decoder."""

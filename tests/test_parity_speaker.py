@@ -21,6 +21,15 @@ def pair():
     return official_speaker_pair()
 
 
+def official_mels(m, y: np.ndarray) -> torch.Tensor:
+    """The official speaker-encoder input: log-mel [1, frames, 128] of 24 kHz ``y``."""
+    with torch.no_grad():
+        return m.mel_spectrogram(
+            torch.from_numpy(y)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
+            hop_size=256, win_size=1024, fmin=0, fmax=12000,
+        ).transpose(1, 2)  # fmt: skip
+
+
 @pytest.mark.parametrize("sr", [24000, 16000, 44100])
 def test_slaney_filters_match_librosa(sr):
     fmax = min(12000, sr // 2)
@@ -34,10 +43,7 @@ def test_slaney_filters_match_librosa(sr):
 def test_log_mel_matches_official(pair, name):
     m, _, _ = pair
     y = speaker_wav(*WAVS[name])
-    ref = m.mel_spectrogram(
-        torch.from_numpy(y)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
-        hop_size=256, win_size=1024, fmin=0, fmax=12000,
-    ).transpose(1, 2)[0].numpy()  # fmt: skip
+    ref = official_mels(m, y)[0].numpy()
     ours = mel.log_mel(y)
     assert ours.shape == ref.shape == ((len(y) + 768 - 1024) // 256 + 1, 128)
     assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
@@ -47,11 +53,8 @@ def test_log_mel_matches_official(pair, name):
 def test_speaker_embedding_matches_official(pair, name):
     m, ref_model, ours = pair
     y = speaker_wav(*WAVS[name])
+    mels = official_mels(m, y)
     with torch.no_grad():
-        mels = m.mel_spectrogram(
-            torch.from_numpy(y)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
-            hop_size=256, win_size=1024, fmin=0, fmax=12000,
-        ).transpose(1, 2)  # fmt: skip
         ref = ref_model(mels)[0].numpy()
         same_input = ours(mels)[0].numpy()
     tol = 1e-4 * np.abs(ref).max()
@@ -115,11 +118,7 @@ def test_embedding_from_16k_close_to_official_librosa_path(pair):
     y16 = librosa.resample(speaker_wav(3.0, 4), orig_sr=24000, target_sr=16000)
     ref_in = librosa.resample(y16, orig_sr=16000, target_sr=24000)
     with torch.no_grad():
-        mels = m.mel_spectrogram(
-            torch.from_numpy(ref_in)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
-            hop_size=256, win_size=1024, fmin=0, fmax=12000,
-        ).transpose(1, 2)  # fmt: skip
-        ref = ref_model(mels)[0].numpy()
+        ref = ref_model(official_mels(m, ref_in))[0].numpy()
     got = embed(ours, mel.resample(y16, 16000, 24000))
     cos = float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref))
     assert cos > 0.9999, cos

@@ -68,9 +68,10 @@ def _label(plan_path: str) -> str:
 
 def _block_size(plan_path: str) -> int | None:
     """MatMulNBits block size from the bundle manifest next to the plan (None when absent)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(plan_path)), "manifest.json")
+    from ..errors import InputError
+    from ..export.onnx import read_manifest
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            return int(json.load(fh)["options"]["block_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(read_manifest(os.path.dirname(os.path.abspath(plan_path)))["options"]["block_size"])
+    except (InputError, ValueError, KeyError, TypeError):
         return None
