@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import sys
 import threading
 import time
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from qtts.bench import BenchOptions, _loop_params, _one_run
 from qtts.decoders import create_decoder
+from qtts.errors import InputError, QttsError
 from qtts.generate import generate
 from qtts.runtime import Runtime
 from qtts.verify import _prompt
@@ -91,4 +93,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (InputError, QttsError) as exc:
+        sys.exit(f"ab_plans: {exc}")

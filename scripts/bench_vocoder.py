@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -23,6 +24,7 @@ import torch
 
 from qtts.audio import snr_db
 from qtts.decoders import OnnxStepDecoder, TorchStepDecoder
+from qtts.errors import InputError, QttsError
 from qtts.export.vocoder import export_vocoder_onnx, load_decoder
 
 
@@ -152,4 +154,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (InputError, QttsError) as exc:
+        sys.exit(f"bench_vocoder: {exc}")
