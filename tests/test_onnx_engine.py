@@ -204,3 +204,12 @@ def test_bench_side_by_side_with_official(snapshot, fp32_bundle, quantized_bundl
     for r in data["results"]:
         assert r["rtf"] > 0 and r["ttfa_ms"] > 0 and r["talker_ms"] > 0 and r["vocoder_ms"] > 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("flag,path,words", [("--plot", "out.svg", "ending in .png"),
+                                             ("--json", "missing/out.json", "does not exist")])
+def test_bench_refuses_bad_output_paths_before_running(snapshot, tmp_path, capsys, flag, path, words):
+    argv = ["bench", "--model", snapshot, "--frames", "4", "--repeats", "1", flag, str(tmp_path / path)]
+    assert qtts_main(argv) == 2
+    assert words in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing benchmarked

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 COMMAND = ("bench",)
@@ -33,6 +32,7 @@ def run(args) -> int:
 
     if args.frames < 4 or args.repeats < 1:
         raise InputError("--frames must be >= 4 and --repeats >= 1")
+    _check_outputs(args.plot, args.json)  # before minutes of benchmarking, not after
     opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
     results = []
     for plan in args.plan or ["torch"]:
@@ -44,9 +44,21 @@ def run(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"options": vars(opts), "results": results, "official": official}, fh, indent=2)
+        from ..export.onnx import write_json  # temp file + rename
+
+        write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
+
+
+def _check_outputs(plot_path: str | None, json_path: str | None) -> None:
+    from ..errors import InputError
+
+    if plot_path and not plot_path.lower().endswith(".png"):
+        raise InputError(f"--plot {plot_path}: the plot is a PNG; give a path ending in .png")
+    for flag, path in (("--plot", plot_path), ("--json", json_path)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise InputError(f"{flag} {path}: folder {folder} does not exist; create it first")
 
 
 def _label(plan_path: str) -> str:
