@@ -63,13 +63,19 @@ def variant_path(model: str, b: int, variant: str) -> str:
     return path
 
 
-def make_factory(threads: int, custom: bool, profile_dir: str | None = None, opt_dump: str | None = None):
+ORT_CONFIG: dict = {}  # extra session config entries for every vocoder session (--ort-config)
+
+
+def make_factory(threads: int, custom: bool, profile_dir: str | None = None, opt_dump: str | None = None,
+                 config: dict | None = None):
     import onnxruntime as ort
 
     from qtts.backends.onnx import session_options
 
     def factory(path):
         so = session_options(threads)
+        for k, v in {**ORT_CONFIG, **(config or {})}.items():
+            so.add_session_config_entry(k, v)
         if custom:
             so.register_custom_ops_library(LIB)
         if profile_dir:
@@ -131,8 +137,10 @@ def main() -> None:
     ref = reference(args.model, codes)
     decs, snrs = {}, {}
     for name in names:
-        path = variant_path(args.model, args.b, name)
-        dec = OnnxStepDecoder(path, session_factory=make_factory(args.threads, "custom" in name))
+        graph, _, flag = name.partition("@")  # "@noprepack": session.disable_prepacking=1
+        cfg = {"session.disable_prepacking": "1"} if flag == "noprepack" else {}
+        path = variant_path(args.model, args.b, graph)
+        dec = OnnxStepDecoder(path, session_factory=make_factory(args.threads, "custom" in name, config=cfg))
         decs[name] = dec
 
         def run(dec=dec):
@@ -148,7 +156,7 @@ def main() -> None:
         print(f"  {name:<20} SNR vs torch fp32 offline decode {snrs[name]:6.1f} dB")
     if args.profile:
         for name in names:
-            per = profile(variant_path(args.model, args.b, name), args.threads, "custom" in name, codes, args.b)
+            per = profile(variant_path(args.model, args.b, name.partition("@")[0]), args.threads, "custom" in name, codes, args.b)
             total = sum(per.values())
             top = ", ".join(f"{k} {v / args.b:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:9])
             print(f"  profile {name}: {total / args.b:.1f} ms/frame of kernels: {top}")
