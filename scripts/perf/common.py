@@ -76,3 +76,16 @@ def loadavg() -> str:
 def set_threads_env(n: int) -> None:
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(k, str(n))
+
+
+def wait_quiet(max_foreign: float = 0.1, window_s: float = 1.0, timeout_s: float = 600.0) -> float:
+    """Block until other processes used < ``max_foreign`` cores over ``window_s`` (or timeout);
+    returns the last measured foreign load. Lets long A/B runs sample only the quiet moments of
+    the shared VM."""
+    t_end = time.perf_counter() + timeout_s
+    while True:
+        j0, t0 = _busy_jiffies(), time.perf_counter()
+        time.sleep(window_s)
+        f = foreign_cores(j0, _busy_jiffies(), time.perf_counter() - t0)
+        if f < max_foreign or time.perf_counter() > t_end:
+            return f

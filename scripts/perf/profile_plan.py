@@ -62,16 +62,18 @@ def weight_bytes(path: str) -> dict:
     for init in m.graph.initializer:
         n = int(np.prod(init.dims)) if init.dims else 1
         sizes[init.name] = n * {1: 4, 2: 1, 3: 1, 7: 8, 10: 2, 6: 4}.get(init.data_type, 4)
-    per_op = collections.Counter()
+    per_op, per_call = collections.Counter(), 0
     seen = set()
     for node in m.graph.node:
         if node.op_type in ("MatMulNBits", "MatMul", "Gemm"):
             for i in node.input[1:]:
-                if i in sizes and i not in seen:
-                    seen.add(i)
-                    per_op[node.op_type] += sizes[i]
+                if i in sizes:
+                    per_call += sizes[i]  # every execution of the node reads its weights once
+                    if i not in seen:
+                        seen.add(i)
+                        per_op[node.op_type] += sizes[i]
     ops = collections.Counter(n.op_type for n in m.graph.node)
-    return {"weights": dict(per_op), "nodes": len(m.graph.node), "ops": dict(ops.most_common(12)),
+    return {"weights": dict(per_op), "per_call": per_call, "nodes": len(m.graph.node), "ops": dict(ops.most_common(12)),
             "all_initializers": sum(sizes.values())}
 
 
@@ -140,12 +142,12 @@ def main() -> None:
         info = weight_bytes(path)
         wb = sum(info["weights"].values())
         key = "talker" if comp == "talker" else "predict_frame"
-        reads = 1 if comp == "talker" else 15  # the predictor frame reads its layer weights 15 times
+        reads = info["per_call"] / wb  # the fused predictor frame reads its layer weights 15 times
         per_frame = [1000 * b.cpu[key] / n for n, _, _, _, b, _ in rows]
         walls = [1000 * b.wall[key] / n for n, _, _, _, b, _ in rows]
         print(f"  {comp}: {info['nodes']} nodes, weights read by matmuls {wb / 1e6:.1f} MB ({info['weights']}),"
               f" all initializers {info['all_initializers'] / 1e6:.1f} MB; ops {info['ops']}")
-        print(f"    effective: {reads} x weights per frame -> {reads * wb / 1e6 / np.median(walls):.1f} GB/s (wall),"
+        print(f"    effective: {reads:.1f} x weights per frame -> {reads * wb / 1e6 / np.median(walls):.1f} GB/s (wall),"
               f" {reads * wb / 1e6 / np.median(per_frame) * args.threads:.1f} GB/s per {args.threads} CPU-s")
 
 

@@ -46,8 +46,16 @@ def variant_path(model: str, b: int, variant: str) -> str:
     path = os.path.join(CACHE, f"voc_b{b}.{variant}.onnx")
     if os.path.exists(path):
         return path
-    m = onnx.load(base_path(model, b))
-    for part in variant.split("+"):
+    parts = variant.split("+")
+    src = base_path(model, b)
+    dq = [p for p in parts if p.startswith("dq8")]
+    if dq:  # dynamic int8 (ConvInteger) for a subset of the residual-unit convs, first
+        src = dynamic_int8(src, dq[0], path + ".dq.tmp")
+        parts = [p for p in parts if p not in dq]
+    m = onnx.load(src)
+    if dq:
+        os.remove(src)
+    for part in parts:
         if part == "cos":
             n = onnx_rewrite.snake_cos(m)
         elif part == "custom":
@@ -64,6 +72,25 @@ def variant_path(model: str, b: int, variant: str) -> str:
 
 
 ORT_CONFIG: dict = {}  # extra session config entries for every vocoder session (--ort-config)
+
+
+def dynamic_int8(src: str, which: str, out: str) -> str:
+    """``dq8res``: every residual-unit conv (conv1 k=7 and conv2 1x1, blocks 1-4) as ConvInteger
+    with int8 activations quantized per call; ``dq8c1``: only the k=7 conv1s; ``dq8mid``: the
+    residual units of blocks 2 and 3 only."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    g = onnx.load(src, load_external_data=False).graph
+    import re
+
+    pat = {"dq8res": r"decoder\.decoder\.[1-4]\.block\.[2-4]\.conv[12]\.",
+           "dq8c1": r"decoder\.decoder\.[1-4]\.block\.[2-4]\.conv1\.",
+           "dq8mid": r"decoder\.decoder\.[23]\.block\.[2-4]\.conv[12]\."}[which]
+    nodes = [n.name for n in g.node if n.op_type == "Conv" and re.search(pat, n.input[1])]
+    quantize_dynamic(src, out, op_types_to_quantize=["Conv"], nodes_to_quantize=nodes,
+                     weight_type=QuantType.QUInt8, per_channel=False)
+    print(f"  {which}: {len(nodes)} convs -> dynamic int8", flush=True)
+    return out
 
 
 def make_factory(threads: int, custom: bool, profile_dir: str | None = None, opt_dump: str | None = None,
