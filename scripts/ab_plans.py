@@ -19,12 +19,12 @@ import threading
 import time
 
 import numpy as np
+from qtts.decoders import create_decoder
+from qtts.runtime import Runtime
 
 from qtts.bench import BenchOptions, _loop_params, _one_run
-from qtts.decoders import create_decoder
 from qtts.errors import InputError, QttsError
 from qtts.generate import generate
-from qtts.runtime import Runtime
 from qtts.verify import _prompt
 
 

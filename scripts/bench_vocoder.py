@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 import torch
+from qtts.decoders import OnnxStepDecoder, TorchStepDecoder
 
 from qtts.audio import snr_db
-from qtts.decoders import OnnxStepDecoder, TorchStepDecoder
 from qtts.errors import InputError, QttsError
 from qtts.export.vocoder import export_vocoder_onnx, load_decoder
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from .config import SAMPLE_RATE
 
 
 def float_to_int16(samples: np.ndarray) -> np.ndarray:

@@ -69,8 +69,8 @@ def talker_defaults(gen) -> SamplingParams:
     )
 
 
-def subtalker_defaults(gen) -> SamplingParams:
-    """Code-predictor defaults; the official code applies no repetition penalty there."""
+def predictor_defaults(gen) -> SamplingParams:
+    """Predictor defaults (the ``subtalker_*`` keys); the official code applies no repetition penalty there."""
     from .config import GenerationConfig
 
     g = gen if gen is not None else GenerationConfig()
@@ -89,8 +89,8 @@ class SynthesisOptions:
 
     # Codebook 0 (talker): None fields come from generation_config.json.
     talker: SamplingParams = field(default_factory=SamplingParams)
-    # Codebooks 1..15 (code predictor): the subtalker_* values of generation_config.json.
-    subtalker: SamplingParams = field(default_factory=SamplingParams)
+    # Codebooks 1..15 (the predictor): the subtalker_* values of generation_config.json.
+    predictor: SamplingParams = field(default_factory=SamplingParams)
     # Seeds the numpy Generator so a call is reproducible; None = fresh entropy each call.
     seed: int | None = None
     # Shortcut for do_sample=False on both stages (deterministic; what parity tests use).
@@ -121,7 +121,7 @@ class SynthesisOptions:
     def validate(self) -> None:
         """Raise InputError naming the bad field and its valid range."""
         self.talker.validate()
-        self.subtalker.validate()
+        self.predictor.validate()
         if self.max_frames is not None and self.max_frames < 1:
             raise InputError(f"max_frames must be >= 1 (or None for the automatic budget), got {self.max_frames}")
         if self.first_chunk_frames < 1 or self.chunk_frames < 1:
@@ -135,11 +135,11 @@ class SynthesisOptions:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
 
     def resolve(self, generation_config=None) -> SynthesisOptions:
-        """A copy whose talker/subtalker params are concrete (greedy applied)."""
+        """A copy whose talker/predictor params are concrete (greedy applied)."""
         self.validate()
         talker = self.talker.merged(talker_defaults(generation_config))
-        subtalker = self.subtalker.merged(subtalker_defaults(generation_config))
+        predictor = self.predictor.merged(predictor_defaults(generation_config))
         if self.greedy:
             talker = dataclasses.replace(talker, do_sample=False)
-            subtalker = dataclasses.replace(subtalker, do_sample=False)
-        return dataclasses.replace(self, talker=talker, subtalker=subtalker)
+            predictor = dataclasses.replace(predictor, do_sample=False)
+        return dataclasses.replace(self, talker=talker, predictor=predictor)

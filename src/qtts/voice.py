@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .config import CODEBOOK_SIZE, FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
 from .errors import InputError
 
 log = logging.getLogger(__name__)
 
 FORMAT = "qtts-voice-1"
-SAMPLE_RATE = 24000
 MIN_SECONDS = 1.0
 MAX_SECONDS = 30.0
 _SILENT_RMS = 1e-4  # about -80 dBFS
@@ -137,9 +137,10 @@ class Voice:
         if str(spk.shape[0]) != meta.get("enc_dim"):
             raise InputError(f"'{path}': speaker vector has {spk.shape[0]} dims but the file says {meta.get('enc_dim')}")
         codes = tensors.get("ref_codes")
-        if codes is not None and (codes.ndim != 2 or codes.shape[1] != 16 or codes.min(initial=0) < 0
-                                  or codes.max(initial=0) > 2047):
-            raise InputError(f"'{path}': reference codes must be [frames, 16] in 0..2047; re-create the voice")
+        if codes is not None and (codes.ndim != 2 or codes.shape[1] != NUM_CODEBOOKS or codes.min(initial=0) < 0
+                                  or codes.max(initial=0) >= CODEBOOK_SIZE):
+            raise InputError(f"'{path}': reference codes must be [frames, {NUM_CODEBOOKS}] in "
+                             f"0..{CODEBOOK_SIZE - 1}; re-create the voice")
         try:
             sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
         except ValueError as exc:
@@ -158,7 +159,7 @@ class Voice:
             "model": f"{self.model_type} {self.model_size}".strip(),
             "speaker vector": f"{self.enc_dim} dims, norm {float(np.linalg.norm(self.speaker)):.3f}",
             "mode": "ICL (reference codes + text)" if self.icl else "x-vector only",
-            "reference": (f"{len(self.ref_codes)} frames = {len(self.ref_codes) / 12.5:.2f} s"
+            "reference": (f"{len(self.ref_codes)} frames = {len(self.ref_codes) / FRAME_RATE:.2f} s"
                           if self.ref_codes is not None else "-"),
             "reference text": self.ref_text or "-",
             "created": self.created,

@@ -44,7 +44,7 @@ def run(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        from ..export.onnx import write_json  # temp file + rename
+        from ..bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
@@ -67,7 +67,7 @@ def _label(plan_path: str) -> str:
 
     plan = load_plan(plan_path)
     specs = [(short, plan.get(name)) for name, short in
-             (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder"))]  # fmt: skip
+             (("talker", "talker"), ("predictor", "predictor"), ("vocoder", "vocoder"))]  # fmt: skip
     impls = {spec.impl for _, spec in specs}
     if len(impls) == 1:
         label = f"{impls.pop()}: " + ", ".join(f"{short} {spec.precision or 'fp32'}" for short, spec in specs)
@@ -80,8 +80,8 @@ def _label(plan_path: str) -> str:
 
 def _block_size(plan_path: str) -> int | None:
     """MatMulNBits block size from the bundle manifest next to the plan (None when absent)."""
+    from ..bundle import read_manifest
     from ..errors import InputError
-    from ..export.onnx import read_manifest
 
     try:
         return int(read_manifest(os.path.dirname(os.path.abspath(plan_path)))["options"]["block_size"])

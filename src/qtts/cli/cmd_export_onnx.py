@@ -52,13 +52,13 @@ def run(args) -> int:
 
     opts = ExportOptions(
         talker=args.talker_weights or args.weights,
-        code_predictor=args.predictor_weights or args.weights,
+        predictor=args.predictor_weights or args.weights,
         block_size=args.block_size,
         predictor_mode=args.predictor_mode,
         vocoder_first=args.vocoder_first,
         vocoder_main=args.vocoder_main,
         components=tuple(args.components),
-        speech_decoder_from=args.speech_decoder_from,
+        vocoder_from=args.speech_decoder_from,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.out, opts)

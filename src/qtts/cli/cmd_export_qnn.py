@@ -24,6 +24,6 @@ def run(args) -> int:
     out = export_qnn_bundle(args.model, args.output, args.codes_length, args.soc_model)
     print(f"code predictor step: {out['predictor']['path']} (ops: {', '.join(out['predictor']['ops'])})")
     print(f"vocoder step: {out['vocoder']['path']}")
-    print(f"plan: {out['plan']}  (talker: torch; code_predictor and speech_decoder: qnn fp16)")
+    print(f"plan: {out['plan']}  (talker: torch; predictor and vocoder: qnn fp16)")
     print(f"check it: qtts verify plan --model {args.model} --plan {out['plan']}")
     return 0

@@ -37,5 +37,5 @@ def run(args) -> int:
         print(f"simulator vs onnxruntime stepwise: SNR {res['snr_db']:.1f} dB (gate {res['gate_db']:g}) "
               f"{'ok' if ok else 'FAIL'}")  # fmt: skip
     print("plan snippet (copy the .rknn and its .json to the board):")
-    print(plan_snippet("speech_decoder", "rknn", {"main": os.path.basename(res["rknn"])}))
+    print(plan_snippet("vocoder", "rknn", {"main": os.path.basename(res["rknn"])}))
     return 0 if ok else 1

@@ -40,5 +40,5 @@ def run(args) -> int:
         print(f"onnxruntime stepwise vs torch offline decode ({frames} frames): SNR {snr:.1f} dB "
               f"(gate {args.gate:g}) {'ok' if snr >= args.gate else 'FAIL'}")  # fmt: skip
     print("plan snippet:")
-    print(plan_snippet("speech_decoder", "onnx", {"main": os.path.basename(report["path"])}))
+    print(plan_snippet("vocoder", "onnx", {"main": os.path.basename(report["path"])}))
     return 0 if ok else 1

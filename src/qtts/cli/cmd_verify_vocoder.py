@@ -44,9 +44,10 @@ def run(args) -> int:
     import torch
 
     from ..audio import snr_db
+    from ..backends.torch import step_decode
     from ..errors import InputError
     from ..export.vocoder import load_decoder
-    from ..model.vocoder_step import VocoderStep, step_decode
+    from ..model.vocoder_step import VocoderStep
 
     if args.frames < 1:
         raise InputError("--frames must be >= 1")

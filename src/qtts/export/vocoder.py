@@ -17,9 +17,9 @@ from collections import Counter
 
 import numpy as np
 
-from ..decoders import STEP_INPUTS, STEP_OUTPUTS, OnnxStepDecoder, StepContract
+from ..backends.step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
 from ..errors import InputError, QttsError, require
-from .single_file import export_single_file
+from .write import export_single_file
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
     b, nq = contract.codes_length, contract.num_quantizers
     args = (
         torch.zeros(1, nq, b, dtype=torch.int64),
-        step.rope_freqs(0),
+        torch.from_numpy(rope_freqs(0, b, step.inv_freq())),
         torch.full((1,), float(min(b, contract.kv_slots))),  # mid-range: no clamp branch folds away
         step.init_cache(),
     )
@@ -134,9 +134,10 @@ def verify_onnx(model, main: str, first: str | None = None, frames: int = 300, s
     """SNR (dB) of onnxruntime stepwise decoding vs the torch offline decode of random codes."""
     torch = require("torch", "torch", "the reference decode")
     from ..audio import snr_db
+    from ..backends.onnx import OnnxVocoder
 
     decoder = load_decoder(model)
-    dec = OnnxStepDecoder(main, first)
+    dec = OnnxVocoder(main, first).stream()
     nq = dec.contract.num_quantizers
     codes = np.random.default_rng(seed).integers(0, decoder.config.codebook_size, (frames, nq))
     with torch.inference_mode():

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import SAMPLES_PER_FRAME
 from ..errors import InputError
 from .encoders import MEDIA_TYPES, make_encoder
 from .errors import ERROR_RESPONSES, ApiError
@@ -23,7 +24,6 @@ from .worker import Job
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-SAMPLES_PER_FRAME = 1920
 
 Format = Literal["wav", "pcm", "flac", "mp3", "opus"]
 
