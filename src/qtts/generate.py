@@ -39,8 +39,6 @@ from .config import NUM_CODEBOOKS
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("eos", "length", "runaway")
-
 #: frame budget = BUDGET_BASE + BUDGET_PER_TOKEN * text tokens (12.5 frames per second of audio):
 #: 40 frames = 3.2 s of slack, 8 frames = 0.64 s per text token (a spelled-out digit is one token
 #: and one word; normal speech needs 2-4 frames per token).

@@ -43,7 +43,6 @@ from .errors import InputError
 log = logging.getLogger(__name__)
 
 MODES = ("xvector", "icl", "custom_voice", "voice_design")
-CLONE_MODES = ("xvector", "icl")
 MAX_TEXT_CHARS = 50_000
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -96,15 +94,6 @@ class _KVBinding:
         return self.io.get_outputs()
 
 
-@dataclass
-class TalkerState:
-    """Talker KV state of one generation (preallocated OrtValues + their I/O binding)."""
-
-    binding: Any
-    max_len: int
-    extra: dict = field(default_factory=dict)
-
-
 class OnnxBackend:
     """Talker + predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
 
@@ -143,7 +132,8 @@ class OnnxBackend:
         return np.stack(parts, axis=1).sum(axis=1, dtype=np.float32)
 
     # -- talker ----------------------------------------------------------------------------------------
-    def new_state(self, max_len: int) -> TalkerState:
+    def new_state(self, max_len: int) -> _KVBinding:
+        """One generation's talker KV: preallocated OrtValues and their I/O binding."""
         t = self.meta["talker"]
         max_len = int(max_len)
         if max_len > len(self.rope_cos):
@@ -151,12 +141,11 @@ class OnnxBackend:
         shape = (1, t["kv_heads"], max_len, t["head_dim"])
         cos = np.ascontiguousarray(self.rope_cos[:max_len])
         sin = np.ascontiguousarray(self.rope_sin[:max_len])
-        binding = _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
-        return TalkerState(binding, max_len)
+        return _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
 
-    def talker(self, embeds: np.ndarray, pos: int, state: TalkerState):
+    def talker(self, embeds: np.ndarray, pos: int, state: _KVBinding):
         x = np.ascontiguousarray(np.asarray(embeds, dtype=np.float32)[None])
-        logits, hidden = state.binding.run(x, int(pos))[:2]
+        logits, hidden = state.run(x, int(pos))[:2]
         return logits.numpy()[0], hidden.numpy()[0], state
 
     # -- predictor -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 
-from ..backends.step import StepVocoder, rope_freqs
+from ..backends.step import StepVocoder
 from ..errors import require
 
 log = logging.getLogger(__name__)
@@ -65,20 +65,11 @@ def export_predictor_pte(talker, out: str) -> dict:
 
 def export_vocoder_pte(decoder, codes_length: int, out: str) -> dict:
     """The B-frame vocoder step of a loaded fp32 ``decoder`` -> ``out`` .pte."""
-    torch = require("torch", "export", "the ExecuTorch export")
     from ..model.vocoder_step import VocoderStep
+    from .vocoder import example_args, step_contract
 
     step = VocoderStep(decoder.float().eval(), int(codes_length)).eval()
-    kv_slots = step.layout.kv_slots
-    args = (
-        torch.zeros(1, decoder.config.num_quantizers, int(codes_length), dtype=torch.int64),
-        torch.from_numpy(rope_freqs(0, int(codes_length), step.inv_freq())),
-        torch.full((1,), float(min(int(codes_length), kv_slots))),
-        step.init_cache(),
-    )
-    report = _lower(step, args, out)
-    from .vocoder import step_contract
-
+    report = _lower(step, example_args(step), out)
     report["contract"] = step_contract(step)
     return report
 

@@ -312,8 +312,7 @@ class PlainPredictorStep(nn.Module):
         self.slots = slots
 
     def _attn(self, attn, x, cos, sin, slot, mask, kv):
-        q, k, v = attn.qkv(x)  # [1, heads, 1, hd], [1, kvh, 1, hd] x2
-        q, k, v = apply_rope(q, cos, sin)[0], apply_rope(k, cos, sin)[0], v[0]
+        q, k, v = (t[0] for t in attn.qkv(x, cos, sin, shape=(1, 1)))  # [heads, 1, hd], [kvh, 1, hd] x2
         sel = slot.view(1, self.slots, 1)  # write the new row at the one-hot slot
         kc = kv[0] * (1.0 - sel) + k * sel
         vc = kv[1] * (1.0 - sel) + v * sel

@@ -103,22 +103,29 @@ def causal_mask(pos: int, t: int, device=None) -> torch.Tensor | None:
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+    """Qwen3 attention projections (q/k RMSNorm when ``eps`` is given; the speech tokenizer's
+    transformers have none) and the talker/predictor kernel over the static KV cache."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.q_norm = RMSNorm(head_dim, eps) if eps is not None else nn.Identity()
+        self.k_norm = RMSNorm(head_dim, eps) if eps is not None else nn.Identity()
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x [B, T, H]`` -> q ``[B, heads, T, hd]``, k, v ``[B, kvh, T, hd]``; q/k normed, not rotated."""
-        b, t, _ = x.shape
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, shape: tuple[int, int] | None = None):
+        """``x [B, T, H]`` -> rotated q ``[B, heads, T, hd]``, k, v ``[B, kvh, T, hd]`` (cos/sin ``[T, hd]``).
+
+        ``shape``: (B, T) as python ints for fixed-shape graphs (no Shape nodes when traced).
+        """
+        b, t = shape or x.shape[:2]
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        return q, k, self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(
         self,
@@ -130,9 +137,7 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # [T, pos+T] bool or None
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self.qkv(x)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         kv[0, :, :, pos : pos + t] = k
         kv[1, :, :, pos : pos + t] = v
         out = grouped_attention(q, kv[0, :, :, : pos + t], kv[1, :, :, : pos + t], mask, self.head_dim**-0.5)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
-from .layers import MLP, LayerScale, RMSNorm, fp32, rope_angles, rope_inv_freq, rotate_half
+from .layers import MLP, Attention, LayerScale, RMSNorm, fp32, rope_angles, rope_inv_freq
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
@@ -190,25 +190,6 @@ class DecoderBlock(nn.Module):
 
 
 # ----------------------------------------------------------------------------- transformer
-class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, nh * hd, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
-        self.n_heads, self.n_kv, self.head_dim = nh, nkv, hd
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, T, D] -> rotated q [B, nh, T, hd], k, v [B, nkv, T, hd]; cos/sin [T, hd]."""
-        b, t = int(x.shape[0]), int(x.shape[1])
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Softmax attention with an additive bias; q [B, nh, Tq, hd], k/v [B, nkv, Tk, hd] -> [B, Tq, nh*hd]."""
     b, nh, tq, hd = (int(d) for d in q.shape)  # python ints: no Shape/Pow nodes when traced
@@ -225,7 +206,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

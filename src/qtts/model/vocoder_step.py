@@ -232,7 +232,7 @@ class VocoderStep(nn.Module):
         bias = self.attn_mask + self._slot_bias(cache_valid)
         h = t.input_proj(x)
         for i, layer in enumerate(t.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h), cos, sin)
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h), cos, sin, shape=(1, self.codes_length))
             kname, vname = f"pre_transformer.layers.{i}.k", f"pre_transformer.layers.{i}.v"
             k_all = torch.matmul(self.kv_sel_hist, c[kname]) + torch.matmul(self.kv_sel_cur, k[0])
             v_all = torch.matmul(self.kv_sel_hist, c[vname]) + torch.matmul(self.kv_sel_cur, v[0])
