@@ -225,3 +225,13 @@ def test_fuzzed_numeric_fields_never_500(cv):
     run()
     assert 200 in seen and any(400 <= s < 500 for s in seen), sorted(set(seen))
     assert metric(cv.url, "qtts_errors_total", route="/v1/audio/speech", kind="500") == 0
+
+
+def test_idle_keep_alive_is_closed_without_an_answer(srv):
+    """After a response, a connection that starts no new request is closed silently (an unsolicited
+    408 could be read as the answer to a request the client sends at that moment)."""
+    sock = _connect(srv)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    data, _ = _until_closed(sock, HEADER_S + SLACK_S)
+    assert data.startswith(b"HTTP/1.1 200 ") and b"408" not in data
+    assert metric(srv.url, "qtts_connections_closed_total", reason="header_timeout") == 0

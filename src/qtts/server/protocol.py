@@ -14,8 +14,10 @@ follows the h11 state of the client's side of each connection:
   after ``write_timeout_s``;
 * past ``max_connections`` open connections a new one is answered 503 and closed at once.
 
-A timed-out request that has no response yet gets ``408`` (OpenAI-style JSON) before the close.
-Every close is counted in ``qtts_connections_closed_total{reason}``.
+A timed-out request that has no response yet gets ``408`` (OpenAI-style JSON) before the close;
+an idle keep-alive connection that has not started its next request is closed without one (a
+client reusing it at that moment would take the 408 for its new request's answer). Every close is
+counted in ``qtts_connections_closed_total{reason}``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class GuardedH11Protocol(H11Protocol):
         self._phase: str | None = None
         self._timer = None
         self._write_timer = None
+        self._served = False  # a response was completed on this connection
+        self._partial = False  # bytes of the next request arrived, its headers are not complete
         limit = self.state.settings.max_connections
         if len(self.connections) > limit:
             self._count("over_limit")
@@ -61,8 +65,10 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._follow()
+        self._partial = self._phase == "headers"
 
     def on_response_complete(self) -> None:
+        self._served = True
         super().on_response_complete()
         self._follow()
 
@@ -91,6 +97,7 @@ class GuardedH11Protocol(H11Protocol):
             return  # a deadline runs from the start of its phase, not from the last byte
         self._cancel()
         self._phase = phase
+        self._partial = False
         if phase is not None:
             s = self.state.settings
             delay = s.header_timeout_s if phase == "headers" else s.body_timeout_s
@@ -101,9 +108,11 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         s = self.state.settings
+        if phase == "headers" and self._served and not self._partial:
+            self.transport.close()  # an idle keep-alive connection: no request started, no answer owed
+            return
         self._count("header_timeout" if phase == "headers" else "body_timeout")
-        responded = phase == "body" and self.cycle is not None and self.cycle.response_started
-        if not responded:
+        if phase == "headers" or self.cycle is None or not self.cycle.response_started:
             limit = s.header_timeout_s if phase == "headers" else s.body_timeout_s
             what = "the request headers" if phase == "headers" else "the request body"
             self.transport.write(_raw_response(408, "Request Timeout", f"{what} did not arrive within "
