@@ -14,6 +14,12 @@ from typing import Any
 
 from .errors import InputError
 
+#: temperature bounds: below 0.01 the float32 division underflows toward inf (use greedy for
+#: argmax); above 100 every token is about equally likely
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+#: repetition-penalty bounds (1 = off), for the same float32 reasons
+MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,15 +50,40 @@ class SamplingParams:
         return out
 
     def validate(self) -> None:
-        """Raise InputError for out-of-range values (``None`` fields are not checked)."""
-        if self.temperature is not None and not self.temperature > 0:
-            raise InputError(f"temperature must be > 0, got {self.temperature}; use greedy for argmax")
-        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 0):
+        """Raise InputError for out-of-range values (``None`` fields are not checked).
+
+        The float32 math needs temperature and repetition penalty in [0.01, 100]: logits
+        divided by a subnormal temperature overflow to inf and the draw walks off the vocabulary.
+        """
+        if self.temperature is not None and not _within(self.temperature, MIN_TEMPERATURE, MAX_TEMPERATURE):
+            raise InputError(f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got "
+                             f"{self.temperature}; use greedy for argmax")
+        if self.top_k is not None and not _is_count(self.top_k):
             raise InputError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+        if self.top_p is not None and not _within(self.top_p, 0.0, 1.0, low_open=True):
             raise InputError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
-            raise InputError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if self.repetition_penalty is not None and not _within(self.repetition_penalty, MIN_PENALTY, MAX_PENALTY):
+            raise InputError(f"repetition_penalty must be in [{MIN_PENALTY}, {MAX_PENALTY}] (1 = off), got "
+                             f"{self.repetition_penalty}")
+
+
+def _within(value, low: float, high: float, low_open: bool = False) -> bool:
+    """``low <= value <= high`` for a real number (False for NaN, strings, None)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return (low < v if low_open else low <= v) and v <= high
+
+
+def _is_count(value) -> bool:
+    """An integer >= 0 (5.0 counts; inf, NaN, 2.5, True and strings do not)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(value) == value and value >= 0
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def talker_defaults(gen) -> SamplingParams:
