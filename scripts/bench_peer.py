@@ -39,6 +39,10 @@ TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank to
 SR, HOP = 24000, 1920
 XVEC_SEED, XVEC_SCALE = 1234, 0.05  # = qtts.verify._prompt: the benchmark's fixed x-vector
 PERF = re.compile(r"\[Perf\] (\w+) ([\d.]+) ms")
+# fallbacks for a GGUF without generation.* keys = the released checkpoints' generation_config.json
+SAMPLING = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
+            "subtalker_do_sample": True, "subtalker_temperature": 0.9, "subtalker_top_k": 50,
+            "subtalker_top_p": 1.0}  # fmt: skip
 
 
 class InputError(Exception):
@@ -113,35 +117,36 @@ def open_peer(talker: Path, codec: Path, threads: int, codec_threads: int = 0):
     lines: list[str] = []
     tts = peer.QwenTTS(talker, codec, cpu_threads=threads, cpu_codec_threads=codec_threads)
     tts.set_log_callback(lambda _level, msg: lines.append(msg))
-    speakers = tts.speaker_names()
-    if speakers:
-        cond = {"speaker": speakers[0]}
-    else:
-        cond = {"ref_spk_emb": xvector(talker)}
-    return tts, lines, cond
-
-
-def xvector(talker: Path) -> np.ndarray:
-    """qtts bench's fixed x-vector, sized from the talker GGUF (``qwen3-tts.spk_enc.embedding_length``)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from peer_gguf_layout import gguf_kv
 
-    key = "qwen3-tts.spk_enc.embedding_length"
-    dim = gguf_kv(talker, {key, "qwen3-tts.talker.embedding_length"})
-    dim = int(dim.get(key) or dim["qwen3-tts.talker.embedding_length"])
-    return np.random.default_rng(XVEC_SEED).standard_normal(dim).astype(np.float32) * XVEC_SCALE
+    kv = gguf_kv(talker, {"qwen3-tts.spk_enc.embedding_length", "qwen3-tts.talker.embedding_length",
+                          *(f"generation.{k}" for k in SAMPLING)})  # fmt: skip
+    speakers = tts.speaker_names()
+    if speakers:
+        cond = {"speaker": speakers[0]}
+    else:  # qtts bench's fixed x-vector
+        dim = int(kv.get("qwen3-tts.spk_enc.embedding_length") or kv["qwen3-tts.talker.embedding_length"])
+        cond = {
+            "ref_spk_emb": np.random.default_rng(XVEC_SEED).standard_normal(dim).astype(np.float32)
+            * XVEC_SCALE
+        }
+    # the checkpoint's sampling defaults (generation_config.json, carried in the GGUF), as qtts bench
+    cond.update({k: kv.get(f"generation.{k}", v) for k, v in SAMPLING.items()})
+    return tts, lines, cond
 
 
 def peer_run(
     tts, lines: list, cond: dict, frames: int, seed: int, greedy: bool = False, dump_dir=None
 ) -> dict:
     """One streamed synthesis; wall times measured here, stage times from the peer's [Perf] lines."""
-    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
+    cond = dict(cond, do_sample=False, subtalker_do_sample=False) if greedy else cond
     lines.clear()
     audio, ttfa = [], None
     jiffies, t0 = busy_jiffies(), time.perf_counter()
-    for chunk, _sr in tts.stream(text=TEXT, lang="auto", seed=seed, max_new_tokens=frames,
-                                 repetition_penalty=1.05, dump_dir=dump_dir, **sampling, **cond):  # fmt: skip
+    for chunk, _sr in tts.stream(
+        text=TEXT, lang="auto", seed=seed, max_new_tokens=frames, dump_dir=dump_dir, **cond
+    ):
         ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
         audio.append(chunk)
     total = time.perf_counter() - t0
@@ -190,11 +195,15 @@ def measure(args) -> dict:
             raise RuntimeError(f"{len(rejected)} seeds stopped early (EOS): {rejected}")
         seed += 1
     runs = [peer_run(tts, lines, cond, args.frames, seed) for _ in range(args.repeats)]
+    if not all("Total" in r["perf"] for r in runs):
+        raise RuntimeError(
+            "the peer printed no [Perf] lines: this wheel's log format is not the one parsed here"
+        )
     import qwentts_cpp_cpu as peer
 
     row = row_of(runs, f"qwentts.cpp {args.variant} (realtimetts-qwen-native-cpu {peer.__version__})")
     row.update(variant=args.variant, seed=seed, seeds_stopped_early=rejected, load_s=load_s, rss_mb=rss_mb(),
-               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, loadavg=loadavg(),
+               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, loadavg=loadavg(),
                threads=args.threads, codec_threads=args.codec_threads, library=tts.library.version())  # fmt: skip
     tts.close()
     return row
@@ -223,6 +232,8 @@ def ensure_ggufs(args, variant: str) -> tuple[Path, Path]:
 
 def cmd_run(args) -> int:
     """Each variant in a child process (after the idle gate); rows -> --json like ``qtts bench``."""
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise InputError(f"--json {args.json}: its folder does not exist")  # before minutes of benchmarking
     rows = []
     for variant in args.type:
         talker, codec = ensure_ggufs(args, variant)
@@ -231,16 +242,20 @@ def cmd_run(args) -> int:
                "--variant", variant, "--frames", str(args.frames), "--threads", str(args.threads),
                "--codec-threads", str(args.codec_threads), "--repeats", str(args.repeats),
                "--seed", str(args.seed), "--seed-tries", str(args.seed_tries)]  # fmt: skip
-        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-        row = json.loads(out.strip().splitlines()[-1])
+        child = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if child.returncode != 0:
+            raise InputError(f"measuring {variant} failed (exit {child.returncode}); its error is above")
+        row = json.loads(child.stdout.strip().splitlines()[-1])
         row.update(idle_gate=args.idle_gate, idle_before=idle, foreign_before=round(load, 2))
         rows.append(row)
         print(f"{row['label']}: RTF {row['rtf']:.2f}, TTFA {row['ttfa_ms']:.0f} ms, talker {row['talker_ms']:.1f} "
               f"+ predictor {row['predictor_ms']:.1f} + codec {row['vocoder_ms']:.1f} ms/frame, "
               f"foreign load {row['foreign_cores']:.2f}", file=sys.stderr)  # fmt: skip
-    opts = {
-        k: v for k, v in vars(args).items() if k in ("frames", "repeats", "threads", "seed", "codec_threads")
-    }
+        if row["foreign_cores"] > 0.2:
+            print("bench_peer: other processes used > 0.2 cores during these runs: not comparable "
+                  "(the peer slows 3-10x or worse; rerun with --idle-gate 0.1)", file=sys.stderr)  # fmt: skip
+    keep = ("frames", "repeats", "threads", "seed", "codec_threads")
+    opts = {k: v for k, v in vars(args).items() if k in keep} | {"text": TEXT}
     if args.json:
         write_json(args.json, {"options": opts, "results": rows, "official": None, "peer": peer_info()})
     return 0
@@ -251,7 +266,8 @@ def peer_info() -> dict:
 
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0].split()
     return {"wheel": f"realtimetts-qwen-native-cpu {peer.__version__}", "library": peer.QwenLibrary().version(),
-            "cpu_avx512": "avx512f" in flags, "build": "AVX2/FMA/F16C baseline (no AVX-512 kernels)"}  # fmt: skip
+            "build": "AVX2/FMA/F16C baseline (no AVX-512 kernels)", "cpu_avx512f": "avx512f" in flags,
+            "cpu_avx2": "avx2" in flags, "cpus": os.cpu_count()}  # fmt: skip
 
 
 def write_json(path: str, obj) -> None:

@@ -165,6 +165,15 @@ def convert(
     """Write ``talker-<variant>.gguf`` and ``codec-<variant>.gguf`` for ``ckpt`` under ``out_dir``."""
     if variant not in TYPES:
         raise ValueError(f"unknown type {variant!r}; choose from {', '.join(TYPES)}")
+    need = [
+        "config.json",
+        "model.safetensors",
+        "speech_tokenizer/config.json",
+        "speech_tokenizer/model.safetensors",
+    ]
+    missing = [f for f in need if not (ckpt / f).is_file()]
+    if missing:
+        raise ValueError(f"{ckpt} is not a Qwen3-TTS snapshot: {', '.join(missing)} missing")
     out_dir.mkdir(parents=True, exist_ok=True)
     ggml = Ggml() if variant != "F32" else None
     talker, codec = out_dir / f"talker-{variant}.gguf", out_dir / f"codec-{variant}.gguf"
