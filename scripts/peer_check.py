@@ -7,7 +7,8 @@ with its debug dump (``codes-full.bin``), then qtts greedy (torch fp32, same rul
 in the main venv (--qtts-python), with the peer's prompt layout: the whole text in the prefill
 (``non_streaming_text=True``; the peer always builds that layout), language 'auto', the benchmark's
 x-vector. Prints codes equality (exit 0 = equal), the first differing frame, the code match rate,
-and the SNR of the peer's streamed audio against qtts's decode of qtts's codes.
+and the SNR of the peer's streamed audio against qtts's decode of qtts's codes over the
+frames before the first differing one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import (  # noqa: E402  (a sibling script module)
+    HOP,
     ROOT,
     TEXT,
     XVEC_SCALE,
@@ -69,16 +71,19 @@ def read_dump(path: Path) -> np.ndarray:
 
 
 def compare(peer_codes, peer_pcm, codes, pcm) -> dict:
+    """Codes frame by frame; audio SNR over the frames before the first differing one (the decoder
+    is causal, so that prefix of audio depends only on equal codes)."""
     n = min(len(peer_codes), len(codes))
     diff = np.nonzero((peer_codes[:n] != codes[:n]).any(axis=1))[0]
-    m = min(len(peer_pcm), len(pcm))
+    same = int(diff[0]) if len(diff) else n
+    m = min(len(peer_pcm), len(pcm), same * HOP)
     err = float(np.sum((peer_pcm[:m] - pcm[:m]) ** 2))
     snr = 10 * np.log10(float(np.sum(pcm[:m] ** 2)) / max(err, 1e-30)) if m else None
     return {"frames_peer": int(len(peer_codes)), "frames_qtts": int(len(codes)),
             "codes_equal": bool(n > 0 and len(diff) == 0 and len(peer_codes) == len(codes)),
             "first_mismatch_frame": int(diff[0]) if len(diff) else None,
             "code_match_rate": float((peer_codes[:n] == codes[:n]).mean()) if n else 0.0,
-            "audio_snr_db": round(snr, 1) if snr is not None else None, "audio_samples_compared": int(m)}  # fmt: skip
+            "audio_snr_db": round(snr, 1) if snr is not None else None, "audio_frames_compared": m // HOP}  # fmt: skip
 
 
 def qtts_reference(args) -> int:

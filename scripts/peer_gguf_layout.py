@@ -273,7 +273,7 @@ def codec_kv(cfg: dict, codebook_dim: int) -> list:
 
 # ------------------------------------------------------------------------------------- reading back
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
 
 
 def gguf_kv(path: Path, wanted: set) -> dict:
