@@ -16,7 +16,7 @@ STAMP="$VENV/.qtts-peer-env-v1-$WHEEL_VERSION-$GGUF_VERSION"
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
-echo "setting up the qwentts.cpp peer environment in $VENV (once; ~60 MB)" >&2
+echo "setting up the qwentts.cpp peer environment in $VENV (once; ~140 MB)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"
 $VPY -m pip install -q -U pip
