@@ -233,7 +233,7 @@ def write_safetensors(
                 value = edits[spec.name](value)
             value = value.to(dt).contiguous()
             raw = value.view(torch.int16) if dt == torch.bfloat16 else value
-            fh.write(raw.numpy().tobytes())
+            fh.write(memoryview(raw.numpy()).cast("B"))  # no copy of a GB-sized tensor
 
 
 def _numel(shape: tuple) -> int:
