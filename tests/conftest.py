@@ -14,6 +14,9 @@ Fixtures (session scope; results are cached per argument set)
         (talker hidden == predictor hidden) or "1.7b" (talker wider: ``small_to_mtp_projection``);
         ``real_tokenizer`` copies the real Qwen2 tokenizer files, else a byte-level stand-in
         ``tokenizer.json`` is written. Treat the directory as read-only.
+    ``eos_snapshot(kind="base", layout="0.6b") -> str``
+        Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
+        generation reaches EOS by itself some frames after the text is used up.
     ``official_tts(path) -> qwen_tts.Qwen3TTSModel``
         The official model loaded from ``path`` with ``dtype=torch.float32`` (cached per path).
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
