@@ -29,7 +29,10 @@ def speech(n: int, seed: int) -> list[int]:
     return [int(c) for c in rng.permutation(2048)[:n]]
 
 
-def run(script: list[int], watchdog=WatchdogParams()):
+DEFAULT = WatchdogParams()
+
+
+def run(script: list[int], watchdog=DEFAULT):
     """Generate len(script) frames with code 0 forced to ``script`` (watchdog on)."""
     lp = LoopParams(talker=GREEDY, residual=GREEDY, max_frames=len(script), tts_pad_id=151671, watchdog=watchdog)
     backend = FakeBackend(cycle=tuple(script))  # the prefill gives frame 0, step k frame k
