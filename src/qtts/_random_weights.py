@@ -75,57 +75,47 @@ _UNIT_IN = 2.0
 _SILU_UNIT = _UNIT_IN / (1.0 + math.exp(-_UNIT_IN))
 
 
+def _edit(zero_rows=(), zero_cols=(), sets=()):
+    """fn(w): zero rows and columns of ``w``, then set single entries ``sets`` = ((index, value), ...)."""
+
+    def fn(w):
+        for r in zero_rows:
+            w[r] = 0.0
+        for c in zero_cols:
+            w[:, c] = 0.0
+        for index, value in sets:
+            w[index] = value
+        return w
+
+    return fn
+
+
 def eos_clock_edits(cfg: ModelConfig, std: float) -> dict:
     """{tensor name: fn(value) -> value} wiring the EOS clock into a talker (see above)."""
     t = cfg.talker
-    eos, pad, d = t.codec_eos_token_id, cfg.tts_pad_token_id, t.head_dim
+    eos, d = t.codec_eos_token_id, t.head_dim
     audio, gain = EOS_AUDIO * std, EOS_GAIN * std * math.sqrt(t.hidden_size)
-
-    def rows(w, values: dict):
-        for r, v in values.items():
-            w[r] = 0.0
-            if v is not None:
-                w[(r, *v[0])] = v[1]
-        return w
-
-    def codec(w):
-        w[:, [AUDIO, CLOCK]] = 0.0
-        w[:2048, AUDIO] = audio
-        return w
-
-    def text_table(w):
-        w[:, TEXT_COL] = 1.0
-        w[pad, TEXT_COL] = 0.0  # <tts_pad> alone lacks the text marker
-        return w
-
-    def zero_cols(w):
-        w[:, [AUDIO, CLOCK]] = 0.0
-        return w
-
-    def q0(w):
-        w[:d] = 0.0  # head 0: all scores 0 -> uniform causal average
-        return w
-
-    pre = "talker.model."
+    both, pre = (AUDIO, CLOCK), "talker.model."
     edits = {
-        f"{pre}codec_embedding.weight": codec,
-        f"{pre}text_embedding.weight": text_table,
-        "talker.text_projection.linear_fc1.weight": lambda w: rows(w, {TEXT_UNIT: ((TEXT_COL,), _UNIT_IN)}),
-        "talker.text_projection.linear_fc1.bias": lambda w: rows(w, {TEXT_UNIT: None}),
-        "talker.text_projection.linear_fc2.weight": lambda w: rows(
-            w, {AUDIO: ((TEXT_UNIT,), -audio / _SILU_UNIT), CLOCK: None}),
-        "talker.text_projection.linear_fc2.bias": lambda w: rows(w, {AUDIO: None, CLOCK: None}),
-        f"{pre}layers.0.self_attn.q_proj.weight": q0,
-        f"{pre}layers.0.self_attn.v_proj.weight": lambda w: rows(w, {0: ((AUDIO,), 1.0)}),
-        f"{pre}layers.0.self_attn.o_proj.weight": lambda w: rows(w, {CLOCK: ((0,), 1.0)}),
-        "talker.codec_head.weight": lambda w: rows(w, {eos: ((CLOCK,), gain)}),
-    }
+        f"{pre}codec_embedding.weight": _edit(zero_cols=both, sets=[((slice(0, 2048), AUDIO), audio)]),
+        # every text token carries the marker column except <tts_pad>
+        f"{pre}text_embedding.weight": _edit(sets=[((slice(None), TEXT_COL), 1.0),
+                                                   ((cfg.tts_pad_token_id, TEXT_COL), 0.0)]),
+        "talker.text_projection.linear_fc1.weight": _edit((TEXT_UNIT,), sets=[((TEXT_UNIT, TEXT_COL), _UNIT_IN)]),
+        "talker.text_projection.linear_fc1.bias": _edit((TEXT_UNIT,)),
+        "talker.text_projection.linear_fc2.weight": _edit(both, sets=[((AUDIO, TEXT_UNIT), -audio / _SILU_UNIT)]),
+        "talker.text_projection.linear_fc2.bias": _edit(both),
+        f"{pre}layers.0.self_attn.q_proj.weight": _edit(range(d)),  # head 0: scores 0 -> uniform average
+        f"{pre}layers.0.self_attn.v_proj.weight": _edit((0,), sets=[((0, AUDIO), 1.0)]),
+        f"{pre}layers.0.self_attn.o_proj.weight": _edit((CLOCK,), sets=[((CLOCK, 0), 1.0)]),
+        "talker.codec_head.weight": _edit((eos,), sets=[((eos, CLOCK), gain)]),
+    }  # fmt: skip
     for j in range(t.code_predictor_config.num_code_groups - 1):
-        edits[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = zero_cols
-    for i in range(t.num_hidden_layers):
-        edits[f"{pre}layers.{i}.mlp.down_proj.weight"] = lambda w: rows(w, {CLOCK: None})
+        edits[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = _edit(zero_cols=both)
+    for i in range(t.num_hidden_layers):  # CLOCK has one writer
+        edits[f"{pre}layers.{i}.mlp.down_proj.weight"] = _edit((CLOCK,))
         if i:
-            edits[f"{pre}layers.{i}.self_attn.o_proj.weight"] = lambda w: rows(w, {CLOCK: None})
+            edits[f"{pre}layers.{i}.self_attn.o_proj.weight"] = _edit((CLOCK,))
     return edits
 
 
