@@ -62,7 +62,7 @@ def test_voice_create_show_and_say_stream(tiny_snapshot, ref_wav, tmp_path, caps
                  "--threads", "1"]) == 0
     assert main(["voice", "show", str(vfile)]) == 0
     shown = capsys.readouterr().out
-    assert "ICL" in shown and "0b6" in shown
+    assert "ICL" in shown and "0.6b" in shown
     out = tmp_path / "stream.wav"
     text = tmp_path / "in.txt"
     text.write_text("First line.\nSecond line.", encoding="utf-8")

@@ -16,12 +16,12 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import InputError
+from .files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Voice:
             )
 
     def save(self, path: str) -> None:
-        """Write the voice atomically (temp file in the target directory, then rename)."""
+        """Write the voice atomically (temp file in the target directory, then rename; umask honoured)."""
         from safetensors.numpy import save_file
 
         tensors = {"speaker": self.speaker}
@@ -102,15 +102,8 @@ class Voice:
         }
         if self.ref_text:
             meta["ref_text"] = self.ref_text
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".qtts-", suffix=".voice.part", dir=directory)
-        os.close(fd)
-        try:
+        with atomic_path(path, ".voice.part") as tmp:
             save_file(tensors, tmp, metadata=meta)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str) -> Voice:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError, require
+from ..files import publish
 from .quantize import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def save_model(model, path: str) -> None:
         for fname in (name, name + ".data"):
             src = os.path.join(tmp, fname)
             if os.path.exists(src):
-                os.replace(src, os.path.join(directory, fname))
+                publish(src, os.path.join(directory, fname))  # umask, not the writer's 0600
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -8,10 +8,10 @@ the plain predictor step). Larger multi-graph bundles use :func:`qtts.export.onn
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 
 from ..errors import require
+from ..files import temp_beside
 
 OPSET = 17
 
@@ -23,8 +23,7 @@ def export_single_file(module, args: tuple, out: str, inputs: list, outputs: lis
     onnx = require("onnx", "export", "ONNX export")
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
-    os.close(fd)
+    tmp = temp_beside(out, ".onnx.tmp")  # mode 0666 & ~umask, unlike mkstemp's 0600
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)  # int(shape) is static on purpose
