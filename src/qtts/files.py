@@ -29,12 +29,13 @@ def temp_beside(path: str, suffix: str = ".part") -> str:
 
 @contextlib.contextmanager
 def atomic_path(path: str, suffix: str = ".part"):
-    """Yield a temporary file name beside ``path``: renamed onto ``path`` when the block
-    succeeds, removed when it raises. Writers may truncate and rewrite the file (the mode stays)."""
+    """Yield a temporary file name beside ``path``: published onto ``path`` when the block
+    succeeds (:func:`publish`, so a writer that re-creates the file privately does not matter),
+    removed when it raises."""
     tmp = temp_beside(path, suffix)
     try:
         yield tmp
-        os.replace(tmp, path)
+        publish(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

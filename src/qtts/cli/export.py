@@ -51,7 +51,6 @@ def _export_onnx_arguments(p) -> None:
 
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("-o", "--output", required=True, help="bundle folder to write (new or empty)")
-    hidden_alias(p, "--out", dest="output")
     p.add_argument("--force", action="store_true", help="write into a non-empty folder (replaces a bundle)")
     p.add_argument("--weights", choices=PRECISIONS, default="fp32",
                    help="weight precision of talker and code predictor (default fp32)")

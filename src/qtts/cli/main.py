@@ -12,8 +12,10 @@ import sys
 import time
 
 from ..errors import InputError, QttsError
-from . import export, say, serve
 from .common import Parser, check_audio, check_folder, cli_words, command, hidden_alias, number
+from .export import register as register_export
+from .say import register as register_say
+from .serve import register as register_serve
 
 START = """\
 start here:
@@ -35,9 +37,9 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", prog="qtts")
     _register_demo(sub)
-    say.register(sub)
-    serve.register(sub)
-    export.register(sub)
+    register_say(sub)
+    register_serve(sub)
+    register_export(sub)
     _register_random_checkpoint(sub)
     return parser
 
@@ -114,9 +116,11 @@ def run_demo(args) -> int:
         voice = tts.create_voice((reference_audio(seed=args.seed), 24000), ref_text="A synthetic reference.")
         done(f"create voice (x-vector + {len(voice.ref_codes)} ICL frames)")
         chunks = tts.stream(args.text, voice=voice, options=SynthesisOptions(seed=args.seed, max_frames=40))
+        n = 0
         with AudioWriter(args.output, fmt=fmt) as w:
-            for n, last in enumerate(chunks, 1):
+            for last in chunks:
                 w.write(last.samples)
+                n += 1
         done(f"synthesize streaming ({n} chunks)")
     i = last.info
     print(f"  frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s rtf={i['rtf']:.2f} "

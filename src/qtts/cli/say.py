@@ -6,7 +6,17 @@ import argparse
 import sys
 
 from ..errors import InputError
-from .common import Progress, add_model, check_audio, check_file, cli_words, command, group, hidden_alias, number
+from .common import (
+    Progress,
+    add_model,
+    check_audio,
+    check_file,
+    cli_words,
+    command,
+    group,
+    hidden_alias,
+    number,
+)
 
 SILENCE_HELP = "seconds of silence appended to the ICL reference (stops reference bleed; default 0.5)"
 
