@@ -36,6 +36,8 @@ def _err_line(capsys) -> str:
     (["voice", "create", "ref.wav", "-m", "M", "-o", "{t}/missing/me.voice"], "does not exist"),
     (["random-checkpoint", "{t}/file.txt"], "exists and is not a folder"),
     (["random-checkpoint", "{t}/full"], "--force"),
+    (["random-checkpoint", "-o", "{t}/full"], "--force"),
+    (["random-checkpoint"], "give one output folder"),
     (["export", "onnx", "-m", "M", "-o", "{t}/full"], "--force"),
     (["export", "onnx", "-m", "M", "-o", "{t}/file.txt"], "exists and is not a folder"),
     (["export", "qnn", "-m", "M", "-o", "{t}/file.txt"], "exists and is not a folder"),
@@ -175,7 +177,9 @@ def test_progress_plain_lines_in_logs(monkeypatch, tty):
 def test_help_says_what_to_run(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "start here:" in out and "qtts demo" in out and "qtts COMMAND --help" in out
+    assert "start here:" in out.split("commands:")[0] and "qtts COMMAND --help" in out
+    lines = out.splitlines()
+    assert lines[4] == "start here:" and lines[5].split()[:2] == ["qtts", "demo"]  # near the top
     assert main(["say", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: qtts say") and "picked by qtts from the model size" in " ".join(out.split())

@@ -87,6 +87,7 @@ def test_summary_line(tiny_snapshot, ref_wav, tmp_path, capsys):
     err = capsys.readouterr().err
     for key in ("frames=5", "audio=0.40s", "wall=", "rtf=", "ttfa=", "finish_reason="):
         assert key in err
+    assert "\r" not in err and err.splitlines()[-1].startswith("qtts: frames=5")  # stderr is no terminal here
 
 
 @pytest.mark.parametrize(

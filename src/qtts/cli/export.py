@@ -9,7 +9,6 @@ import time
 from ..errors import InputError
 from .common import add_model, check_file, check_folder, command, group, hidden_alias, number
 
-CHUNK_HELP = "vocoder frames per call"
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
 
 
@@ -22,8 +21,8 @@ def register(sub) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("-o", "--output", required=True, help="output .onnx file")
     _chunk_frames(p, 8, "--codes-length")
-    p.add_argument("--frames", type=number(lo=1), help="frames for the onnxruntime check (default max(100, 3B))")
-    p.add_argument("--gate", type=float, default=80.0, help="minimum onnxruntime SNR in dB (default 80)")
+    p.add_argument("--frames", type=number(lo=1), metavar="N", help="frames for the onnxruntime check (default max(100, 3B))")
+    p.add_argument("--gate", type=float, metavar="DB", default=80.0, help="minimum onnxruntime SNR in dB (default 80)")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
     p = command(ex, "qnn", run_export_qnn, "export the code-predictor step and the vocoder step for "
                 "QNN HTP fp16, with a plan.json")
@@ -41,7 +40,7 @@ def register(sub) -> None:
 
 def _chunk_frames(p, default: int, *old: str) -> None:
     p.add_argument("--chunk-frames", type=number(lo=1), default=default, metavar="B",
-                   help=f"{CHUNK_HELP} of the exported step (default {default})")
+                   help=f"vocoder frames per call of the exported step (default {default})")
     hidden_alias(p, *old, dest="chunk_frames", type=number(lo=1))
 
 
@@ -60,12 +59,12 @@ def _export_onnx_arguments(p) -> None:
                    help=f"MatMulNBits block size (default {DEFAULT_BLOCK_SIZE}: fastest; 32: most faithful)")
     p.add_argument("--predictor-mode", choices=PREDICTOR_MODES, default="frame",
                    help="frame: 15 steps + sampling fused in one graph (fastest); step: one graph run per code")
-    p.add_argument("--components", nargs="+", choices=COMPONENTS, default=list(COMPONENTS),
-                   help="what to export (default all)")
+    p.add_argument("--components", nargs="+", choices=COMPONENTS, default=list(COMPONENTS), metavar="NAME",
+                   help=f"what to export: {', '.join(COMPONENTS)} (default all)")
     p.add_argument("--first-chunk-frames", type=number(lo=0), default=2, metavar="B",
-                   help=f"{CHUNK_HELP} of the first chunk's vocoder step (default 2; 0: none)")
+                   help="frames per call of the vocoder step for the first chunk (default 2; 0: none)")
     p.add_argument("--chunk-frames", type=number(lo=0), default=8, metavar="B",
-                   help=f"{CHUNK_HELP} of the main vocoder step (default 8; 0: no vocoder)")
+                   help="frames per call of the main vocoder step (default 8; 0: no vocoder)")
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
     hidden_alias(p, "--vocoder-first", dest="first_chunk_frames", type=number(lo=0))
     hidden_alias(p, "--vocoder-main", dest="chunk_frames", type=number(lo=0))
@@ -128,8 +127,8 @@ def _export_rknn_arguments(p) -> None:
     p.add_argument("--onnx", required=True, help="step exported by `qtts export vocoder`")
     p.add_argument("--target", required=True, choices=TARGETS, help="Rockchip SoC (a .rknn is per SoC)")
     p.add_argument("-o", "--output", help="output .rknn (default: <onnx>_<target>.rknn)")
-    p.add_argument("--frames", type=number(lo=1), help="simulator check frames (default 3B)")
-    p.add_argument("--gate", type=float, default=50.0, help="minimum simulator SNR vs onnxruntime (dB)")
+    p.add_argument("--frames", type=number(lo=1), metavar="N", help="simulator check frames (default 3B)")
+    p.add_argument("--gate", type=float, metavar="DB", default=50.0, help="minimum simulator SNR vs onnxruntime (dB)")
     p.add_argument("--no-verify", action="store_true", help="skip the simulator check")
     p.add_argument("--python", help="python of the converter env (default .venv-rknn)")
 
@@ -157,7 +156,7 @@ def _verify_arguments(ve) -> None:
     p = command(ve, "plan", run_verify_plan, "compare a plan (e.g. an ONNX bundle) with the torch fp32 "
                 "reference: codes, logits, vocoder SNR")
     add_model(p, threads="threads for both runtimes")
-    p.add_argument("--frames", type=number(lo=1), default=32, help="greedy frames to generate (default 32)")
+    p.add_argument("--frames", type=number(lo=1), metavar="N", default=32, help="greedy frames to generate (default 32)")
     p.add_argument("--text", help="text to speak (default: a fixed English sentence)")
     p.add_argument("--report", help="write the report to this .md (and the same stem .json)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of Markdown")
@@ -168,8 +167,8 @@ def _verify_arguments(ve) -> None:
                    help="a chunk schedule: the first chunks' sizes, the last one repeats, then a remainder "
                    "(2,16 = 2 then 16s); repeatable (default: " + " ".join(DEFAULT_SCHEDULES) + ")")
     hidden_alias(p, "--chunks", dest="chunk_frames", action="append")
-    p.add_argument("--frames", type=number(lo=1), default=300, help="random frames to decode (default 300)")
-    p.add_argument("--gate", type=float, default=100.0, help="minimum SNR in dB (default 100, fp32)")
+    p.add_argument("--frames", type=number(lo=1), metavar="N", default=300, help="random frames to decode (default 300)")
+    p.add_argument("--gate", type=float, metavar="DB", default=100.0, help="minimum SNR in dB (default 100, fp32)")
     p.add_argument("--seed", type=int, default=0, help="random codes seed")
 
 
@@ -243,7 +242,7 @@ def _bench_arguments(p) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("--plan", action="append", help="execution plan JSON; repeat to compare plans; "
                    "'torch' = the torch fp32 default (default: torch)")
-    p.add_argument("--frames", type=number(lo=4), default=64, help="frames per run, EOS blocked (default 64 = 5.1 s)")
+    p.add_argument("--frames", type=number(lo=4), metavar="N", default=64, help="frames per run, EOS blocked (default 64 = 5.1 s)")
     p.add_argument("--repeats", type=number(lo=1), default=3, help="measured runs per plan (medians; default 3)")
     p.add_argument("--threads", type=number(lo=1), default=2, help="intra-op CPU threads for every runtime (default 2)")
     p.add_argument("--compare-official", action="store_true", help="also run the official qwen-tts fp32")

@@ -30,9 +30,8 @@ REAL_COMMAND = 'qtts say "Hello" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base --ref-aud
 def build_parser() -> Parser:
     from .. import __version__
 
-    parser = Parser(prog="qtts", usage="qtts COMMAND [options]", epilog=START,
-                    description="Fast, streaming Qwen3-TTS inference and edge export.",
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="qtts", usage="qtts COMMAND [options]", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Fast, streaming Qwen3-TTS inference and edge export.\n\n" + START)
     parser.add_argument("--version", action="version", version=f"qtts {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", prog="qtts")
@@ -135,7 +134,8 @@ def _register_random_checkpoint(sub) -> None:
 
     p = command(sub, "random-checkpoint", run_random_checkpoint, "write a random-weight Qwen3-TTS snapshot "
                 "(real layout and ids) for tests and benchmarks")
-    p.add_argument("output", metavar="OUT", help="output folder (new or empty)")
+    p.add_argument("output", metavar="OUT", nargs="?", help="output folder (new or empty; or -o OUT)")
+    p.add_argument("-o", "--output", dest="output_opt", metavar="OUT", help=argparse.SUPPRESS)
     p.add_argument("--size", choices=SIZES, default="tiny", help="tiny widths, or the real dimensions")
     p.add_argument("--kind", choices=KINDS, default="base", help="checkpoint kind (default: base)")
     p.add_argument("--layout", choices=LAYOUTS, default="0.6b", help="0.6b or 1.7b layout (default: 0.6b)")
@@ -150,9 +150,11 @@ def _register_random_checkpoint(sub) -> None:
 def run_random_checkpoint(args) -> int:
     from ..random_checkpoint import write_random_checkpoint
 
-    check_folder(args.output, "OUT", force=args.force)
+    if not (args.output or args.output_opt) or (args.output and args.output_opt):
+        raise InputError("give one output folder: qtts random-checkpoint OUT (or -o OUT)")
+    check_folder(args.output or args.output_opt, "OUT", force=args.force)
     t0 = time.perf_counter()
-    out = write_random_checkpoint(args.output, size=args.size, kind=args.kind, layout=args.layout,
+    out = write_random_checkpoint(args.output or args.output_opt, size=args.size, kind=args.kind, layout=args.layout,
                                   seed=args.seed, tokenizer_dir=args.tokenizer, dtype=args.dtype,
                                   overwrite=args.force)
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
