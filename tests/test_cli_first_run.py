@@ -80,10 +80,14 @@ def test_bad_numbers_name_the_flag(capsys, argv, flag):
     assert f"argument {flag}: must be" in err and "--help" in err
 
 
-def test_model_sizes_spelled_as_users_do(tiny_snapshot, tmp_path, capsys):
+def test_model_sizes_and_flags_spelled_as_users_do(tiny_snapshot, tmp_path, capsys):
     rc = main(["say", "Hi.", "-m", tiny_snapshot(), "--speaker", "ryan", "-o", str(tmp_path / "x.wav"), *SAY])
     err = _err_line(capsys)
     assert rc == 2 and "0.6b" in err and "0b6" not in err
+    rc = main(["say", "Hi.", "-m", tiny_snapshot(kind="custom_voice", layout="1.7b"), "--ref-audio", "me.wav",
+               "-o", str(tmp_path / "x.wav"), *SAY])
+    err = _err_line(capsys)
+    assert rc == 2 and "--speaker <one of: " in err and "--instruct TEXT" in err and "speaker=" not in err
 
 
 def test_pcm_to_a_terminal_is_refused(monkeypatch, tmp_path, capsys):

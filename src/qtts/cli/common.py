@@ -109,9 +109,14 @@ def check_audio(path: str) -> str:
         raise InputError(f"-o {exc}") from None
 
 
+_CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"))
+
+
 def cli_words(message: str) -> str:
-    """Library words -> CLI words in error messages (model sizes as users spell them)."""
-    return message.replace("0b6", "0.6b").replace("1b7", "1.7b")
+    """Library words -> CLI words in messages (model sizes as users spell them, flags for keywords)."""
+    for api, cli in _CLI_WORDS:
+        message = message.replace(api, cli)
+    return message
 
 
 class Progress:
