@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import stat
+import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +17,7 @@ import soundfile as sf
 from qtts.audio import AUDIO_FORMATS, AudioChunk, AudioWriter, write_audio
 from qtts.cli import build_parser, main
 from qtts.cli.common import Progress
+from qtts.cli.main import BROKEN_PIPE
 
 SAY = ["--max-frames", "4", "--seed", "1", "--threads", "1", "-q", "--no-split"]
 
@@ -104,8 +106,8 @@ def test_pcm_to_a_terminal_is_refused(monkeypatch, tmp_path, capsys):
 def test_files_follow_the_umask(tiny_snapshot, tmp_path, umask):
     import torch
 
-    from qtts.export.onnx import save_model
-    from qtts.export.single_file import export_single_file
+    from qtts.export.onnx import ExportOptions, export_bundle
+    from qtts.export.write import export_single_file, save_model
     from qtts.voice import Voice
 
     old = os.umask(umask)
@@ -118,12 +120,15 @@ def test_files_follow_the_umask(tiny_snapshot, tmp_path, umask):
         import onnx
 
         save_model(onnx.load(str(tmp_path / "step.onnx")), str(tmp_path / "bundle.onnx"))  # + bundle.onnx.data
+        export_bundle(tiny_snapshot(), str(tmp_path / "b"), ExportOptions(components=()))  # plan + manifest
     finally:
         os.umask(old)
-    names = ["a.wav", "a.flac", "me.voice", "step.onnx", "bundle.onnx", "bundle.onnx.data"]
+    names = ["a.wav", "a.flac", "me.voice", "step.onnx", "bundle.onnx", "bundle.onnx.data", "b/plan.json",
+             "b/manifest.json"]
     modes = {n: oct(stat.S_IMODE(os.stat(tmp_path / n).st_mode)) for n in names}
     assert modes == {n: oct(0o666 & ~umask) for n in names}
-    assert sorted(os.listdir(tmp_path)) == sorted(names)  # no temporary files left
+    assert oct(stat.S_IMODE(os.stat(tmp_path / "b").st_mode)) == oct(0o777 & ~umask)  # not mkdtemp's 0700
+    assert sorted(os.listdir(tmp_path)) == sorted([n for n in names if "/" not in n] + ["b"])  # no temp files
 
 
 @pytest.mark.parametrize("fmt", AUDIO_FORMATS)
@@ -200,8 +205,63 @@ def test_help_says_what_to_run(capsys):
     (["export", "onnx", "-m", "M", "-o", "x", "--speech-decoder-from", "b"], "vocoder_from", "b"),
     (["verify", "vocoder", "-m", "M", "--chunks", "2,16", "--chunks", "4"], "chunk_frames", ["2,16", "4"]),
     (["random-checkpoint", "x", "--overwrite"], "force", True),
+    (["export", "onnx", "-m", "M", "-o", "x", "--components", "talker", "code_predictor", "speech_decoder"],
+     "components", ["talker", "predictor", "vocoder"]),
 ])
 def test_old_flag_spellings_still_work(argv, dest, value):
     with contextlib.redirect_stderr(io.StringIO()):
         args = build_parser().parse_args(argv)
     assert getattr(args, dest) == value
+
+
+def test_unknown_component_lists_the_valid_ones(capsys):
+    assert main(["export", "onnx", "-m", "M", "-o", "x", "--components", "decoder"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --components: invalid choice: 'decoder'" in err
+    assert "talker, predictor, vocoder, speaker_encoder, speech_encoder" in err
+
+
+def test_export_choices_match_the_exporters():
+    """The parser keeps its own copies (it must not import qtts.export); they must not drift."""
+    from qtts.cli import export as cli
+    from qtts.export import onnx, quantize, rknn
+
+    assert cli.PRECISIONS == onnx.PRECISIONS and cli.PREDICTOR_MODES == onnx.PREDICTOR_MODES
+    assert cli.DEFAULT_BLOCK_SIZE == quantize.DEFAULT_BLOCK_SIZE and cli.RKNN_TARGETS == rknn.TARGETS
+
+
+NO_EXPORT = """
+import sys
+from qtts.cli import build_parser, main
+build_parser()
+rc = main(["say", "--help"])
+loaded = sorted(m for m in sys.modules if m.startswith("qtts.export") or m in ("torch", "onnx"))
+assert rc == 0 and loaded == [], loaded
+"""
+
+
+def test_the_parser_does_not_import_the_export_toolchain():
+    proc = subprocess.run([sys.executable, "-c", NO_EXPORT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: qtts say")
+
+
+def test_pcm_pipe_closed_early_exits_quietly(tiny_snapshot):
+    """`qtts say ... -o - | head -c 100`: the reader goes away after 100 bytes of a long stream."""
+    argv = [sys.executable, "-m", "qtts", "say", "Hello there, this is a longer sentence.", "-o", "-",
+            "-m", tiny_snapshot(kind="custom_voice"), "--speaker", "ryan", "--max-frames", "64", "--seed", "1",
+            "--threads", "1", "--no-split"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = proc.stdout.read(100)
+    proc.stdout.close()  # more than a pipe buffer (64 KiB = 17 frames) is still to come
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == BROKEN_PIPE, err[-3000:]
+    assert len(head) == 100 and "Traceback" not in err and "BrokenPipe" not in err and "Exception" not in err
+
+
+def test_serve_limits_are_checked_numbers(capsys):
+    args = build_parser().parse_args(["serve", "-m", "M", "--header-timeout", "2.5", "--body-timeout", "30",
+                                      "--write-timeout", "9", "--max-connections", "4"])
+    assert (args.header_timeout, args.body_timeout, args.write_timeout, args.max_connections) == (2.5, 30, 9, 4)
+    assert main(["serve", "-m", "M", "--max-connections", "0"]) == 2
+    assert "argument --max-connections: must be" in capsys.readouterr().err

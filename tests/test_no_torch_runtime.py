@@ -1,4 +1,5 @@
-"""An exported bundle runs with torch made unimportable: ``qtts say --plan BUNDLE/plan.json``."""
+"""An exported bundle runs with torch made unimportable (``qtts say --plan BUNDLE/plan.json``), and
+``qtts.load`` of it never imports the export toolchain."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ BLOCK_TORCH = (
     "import sys; sys.modules['torch'] = None; "  # any 'import torch' now raises ImportError
     "from qtts.cli import main; rc = main(sys.argv[1:]); "
     "assert sys.modules['torch'] is None; sys.exit(rc)"
+)
+LOAD_ONLY = (
+    "import sys; sys.modules['torch'] = None; import qtts; "
+    "tts = qtts.load(sys.argv[1], plan=sys.argv[2]); "
+    "a = tts.synthesize('Hi.', speaker='serena', options=qtts.SynthesisOptions(seed=1, max_frames=4)); "
+    "loaded = sorted(m for m in sys.modules if m.startswith(('qtts.export', 'qtts.cli'))); "
+    "assert not loaded, loaded; print(len(a.samples))"
 )
 
 
@@ -40,3 +48,7 @@ def test_say_with_onnx_plan_and_torch_blocked(tiny_snapshot, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     audio, rate = sf.read(wav, dtype="float32")
     assert rate == 24000 and 0 < len(audio) <= 12 * 1920 and len(audio) % 1920 == 0
+    proc = subprocess.run([sys.executable, "-c", LOAD_ONLY, snapshot, os.path.join(bundle, "plan.json")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 0 < int(proc.stdout.strip()) <= 4 * 1920

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from qtts.audio import snr_db
+from qtts.backends.onnx import OnnxVocoder
+from qtts.backends.rknn import RknnVocoder
+from qtts.backends.step import rope_freqs
 from qtts.cli import main
-from qtts.decoders import RknnStepDecoder, read_onnx_contract, rope_freqs
 from qtts.errors import InputError, MissingDependencyError, QttsError
 from qtts.export import rknn as rknn_export
 from qtts.export.vocoder import export_vocoder_onnx
@@ -29,7 +31,7 @@ def steps(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
         fake = str(out / f"voc{b}.rknn")
         os.symlink(onnx_path, fake)
         with open(fake + ".json", "w") as fh:
-            fh.write(read_onnx_contract(onnx_path).to_json())
+            fh.write(OnnxVocoder(onnx_path).contract.to_json())
         paths[key] = fake
     return snap, paths, out
 
@@ -67,22 +69,22 @@ def test_rknn_decoder_with_fake_runtime(steps):
     codes = random_codes(100, seed=9)
     ref = full_decode(decoder, codes)
     FakeRKNNLite.instances.clear()
-    dec = RknnStepDecoder(paths["main"], paths["first"], runtime_factory=FakeRKNNLite)
-    assert dec.sizes == [16, 2] and len(FakeRKNNLite.instances) == 2
-    out = feed(dec, codes, [2, 8, 16, 3])
+    voc = RknnVocoder(paths["main"], paths["first"], runtime_factory=FakeRKNNLite)
+    assert voc.sizes == [16, 2] and len(FakeRKNNLite.instances) == 2
+    out = feed(voc.stream(), codes, [2, 8, 16, 3])
     assert snr_db(ref, out) >= 80.0
-    dec.close()
+    voc.close()
     assert all(rt.released for rt in FakeRKNNLite.instances)
 
 
 def test_rknn_decoder_errors(steps, tmp_path):
     _, paths, _ = steps
     with pytest.raises(QttsError, match="init_runtime"):
-        RknnStepDecoder(paths["main"], runtime_factory=lambda: FakeRKNNLite(fail_init=True))
+        RknnVocoder(paths["main"], runtime_factory=lambda: FakeRKNNLite(fail_init=True))
     lonely = tmp_path / "x.rknn"
     lonely.write_bytes(b"")
     with pytest.raises(InputError, match="qtts export rknn"):
-        RknnStepDecoder(str(lonely), runtime_factory=FakeRKNNLite)
+        RknnVocoder(str(lonely), runtime_factory=FakeRKNNLite)
 
 
 def test_converter_rope_equals_host_rope():

@@ -143,9 +143,9 @@ def test_options_resolve_and_validate():
     gen = GenerationConfig(temperature=0.7, top_k=20, subtalker_top_k=30, repetition_penalty=1.1)
     opts = SynthesisOptions(talker=SamplingParams(top_p=0.9)).resolve(gen)
     assert opts.talker == SamplingParams(True, 0.7, 20, 0.9, 1.1)
-    assert opts.subtalker == SamplingParams(True, 0.9, 30, 1.0, 1.0)  # no penalty for the predictor
+    assert opts.predictor == SamplingParams(True, 0.9, 30, 1.0, 1.0)  # no penalty for the predictor
     greedy = SynthesisOptions(greedy=True).resolve(None)
-    assert not greedy.talker.do_sample and not greedy.subtalker.do_sample
+    assert not greedy.talker.do_sample and not greedy.predictor.do_sample
     for bad in (SamplingParams(temperature=0), SamplingParams(top_p=1.5), SamplingParams(top_k=-1),
                 SamplingParams(repetition_penalty=0)):
         with pytest.raises(InputError):

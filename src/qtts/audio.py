@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .config import SAMPLE_RATE
 from .errors import InputError
 from .files import temp_beside
 
-SAMPLE_RATE = 24000
 #: file formats by extension: 16-bit WAV, raw 16-bit PCM, and libsndfile's encoders
 AUDIO_FORMATS = ("wav", "flac", "mp3", "opus", "pcm")
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}

@@ -27,6 +27,19 @@ def temp_beside(path: str, suffix: str = ".part") -> str:
         return tmp
 
 
+def temp_dir_beside(path: str, suffix: str = ".part") -> str:
+    """Create a new empty folder next to ``path`` (mode 0o777 & ~umask, unlike ``mkdtemp``'s 0o700),
+    for outputs that are a whole folder, renamed onto ``path`` when complete."""
+    directory = os.path.dirname(os.path.abspath(path))
+    while True:
+        tmp = os.path.join(directory, f".qtts-{secrets.token_hex(6)}{suffix}")
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            continue
+        return tmp
+
+
 @contextlib.contextmanager
 def atomic_path(path: str, suffix: str = ".part"):
     """Yield a temporary file name beside ``path``: published onto ``path`` when the block

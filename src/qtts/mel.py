@@ -17,12 +17,12 @@ import math
 
 import numpy as np
 
+from .config import SAMPLE_RATE
 from .errors import InputError
 
 N_FFT = 1024
 HOP = 256
 N_MELS = 128
-SAMPLE_RATE = 24000
 F_MAX = 12000.0
 _MAG_EPS = 1e-9
 _LOG_FLOOR = 1e-5

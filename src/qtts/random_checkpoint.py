@@ -27,10 +27,10 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 
 from .config import ModelConfig, SpeechTokenizerConfig
 from .errors import InputError
+from .files import temp_dir_beside
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +192,9 @@ def write_random_checkpoint(
         _check_tokenizer_dir(tokenizer_dir)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".qtts-random-", dir=parent)
+    tmp = temp_dir_beside(out, ".random.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
         _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)

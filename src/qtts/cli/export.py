@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 
 from ..errors import InputError
+from ..plan import COMPONENTS, LEGACY_NAMES
 from .common import add_model, check_file, check_folder, command, group, hidden_alias, number
 
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
+# The choices below mirror qtts.export.onnx.PRECISIONS / PREDICTOR_MODES, quantize.DEFAULT_BLOCK_SIZE
+# and rknn.TARGETS (tests/test_cli_first_run.py checks they agree): building the parser must not
+# import qtts.export, so `qtts say` never loads the export toolchain.
+PRECISIONS = ("fp32", "int8", "int4")
+PREDICTOR_MODES = ("frame", "step")
+DEFAULT_BLOCK_SIZE = 128
+RKNN_TARGETS = ("rk3588", "rk3576", "rk3562", "rk3566", "rk3568")
 
 
 def register(sub) -> None:
@@ -44,22 +53,27 @@ def _chunk_frames(p, default: int, *old: str) -> None:
     hidden_alias(p, *old, dest="chunk_frames", type=number(lo=1))
 
 
-def _export_onnx_arguments(p) -> None:
-    from ..export.onnx import COMPONENTS, PRECISIONS, PREDICTOR_MODES
-    from ..export.quantize import DEFAULT_BLOCK_SIZE
+def _component(name: str) -> str:
+    """argparse type of --components: today's names, and the old ones (code_predictor, speech_decoder)."""
+    name = LEGACY_NAMES.get(name, name)
+    if name not in COMPONENTS:
+        raise argparse.ArgumentTypeError(f"invalid choice: '{name}' (choose from {', '.join(COMPONENTS)})")
+    return name
 
+
+def _export_onnx_arguments(p) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("-o", "--output", required=True, help="bundle folder to write (new or empty)")
-    p.add_argument("--force", action="store_true", help="write into a non-empty folder (replaces a bundle)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty folder (an older bundle) as a whole")
     p.add_argument("--weights", choices=PRECISIONS, default="fp32",
-                   help="weight precision of talker and code predictor (default fp32)")
+                   help="weight precision of talker and predictor (default fp32)")
     p.add_argument("--talker-weights", choices=PRECISIONS, help="override --weights for the talker")
-    p.add_argument("--predictor-weights", choices=PRECISIONS, help="override --weights for the code predictor")
+    p.add_argument("--predictor-weights", choices=PRECISIONS, help="override --weights for the predictor")
     p.add_argument("--block-size", type=int, choices=(32, 64, 128), default=DEFAULT_BLOCK_SIZE,
                    help=f"MatMulNBits block size (default {DEFAULT_BLOCK_SIZE}: fastest; 32: most faithful)")
     p.add_argument("--predictor-mode", choices=PREDICTOR_MODES, default="frame",
                    help="frame: 15 steps + sampling fused in one graph (fastest); step: one graph run per code")
-    p.add_argument("--components", nargs="+", choices=COMPONENTS, default=list(COMPONENTS), metavar="NAME",
+    p.add_argument("--components", nargs="+", type=_component, default=list(COMPONENTS), metavar="NAME",
                    help=f"what to export: {', '.join(COMPONENTS)} (default all)")
     p.add_argument("--first-chunk-frames", type=number(lo=0), default=2, metavar="B",
                    help="frames per call of the vocoder step for the first chunk (default 2; 0: none)")
@@ -74,14 +88,15 @@ def _export_onnx_arguments(p) -> None:
 def run_export_onnx(args) -> int:
     from ..export.onnx import ExportOptions, export_bundle
 
-    check_folder(args.output, force=args.force)
+    check_folder(args.output)  # a non-empty folder without --force: export_bundle refuses it (same check, one message)
     opts = ExportOptions(
-        talker=args.talker_weights or args.weights, code_predictor=args.predictor_weights or args.weights,
+        talker=args.talker_weights or args.weights, predictor=args.predictor_weights or args.weights,
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
-        vocoder_main=args.chunk_frames, components=tuple(args.components), speech_decoder_from=args.vocoder_from,
+        vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
+        vocoder_from=args.vocoder_from,
     )
     t0 = time.perf_counter()
-    plan = export_bundle(args.model, args.output, opts)
+    plan = export_bundle(args.model, args.output, opts, overwrite=args.force)
     print(f"exported {', '.join(plan)} to {args.output} in {time.perf_counter() - t0:.1f} s")
     print(f"plan ({os.path.join(args.output, 'plan.json')}):")
     print(json.dumps(plan, indent=2, sort_keys=True))
@@ -105,7 +120,7 @@ def run_export_vocoder(args) -> int:
         print(f"onnxruntime stepwise vs torch offline decode ({frames} frames): SNR {snr:.1f} dB "
               f"(gate {args.gate:g}) {'ok' if snr >= args.gate else 'FAIL'}")
     print("plan snippet:")
-    print(plan_snippet("speech_decoder", "onnx", {"main": os.path.basename(report["path"])}))
+    print(plan_snippet("vocoder", "onnx", {"main": os.path.basename(report["path"])}))
     return 0 if ok else 1
 
 
@@ -114,18 +129,16 @@ def run_export_qnn(args) -> int:
 
     check_folder(args.output)
     out = export_qnn_bundle(args.model, args.output, args.chunk_frames, args.soc_model)
-    print(f"code predictor step: {out['predictor']['path']} (ops: {', '.join(out['predictor']['ops'])})")
+    print(f"predictor step: {out['predictor']['path']} (ops: {', '.join(out['predictor']['ops'])})")
     print(f"vocoder step: {out['vocoder']['path']}")
-    print(f"plan: {out['plan']}  (talker: torch; code predictor and vocoder: qnn fp16)")
+    print(f"plan: {out['plan']}  (talker: torch; predictor and vocoder: qnn fp16)")
     print(f"check it: qtts verify plan -m {args.model} --plan {out['plan']}")
     return 0
 
 
 def _export_rknn_arguments(p) -> None:
-    from ..export.rknn import TARGETS
-
     p.add_argument("--onnx", required=True, help="step exported by `qtts export vocoder`")
-    p.add_argument("--target", required=True, choices=TARGETS, help="Rockchip SoC (a .rknn is per SoC)")
+    p.add_argument("--target", required=True, choices=RKNN_TARGETS, help="Rockchip SoC (a .rknn is per SoC)")
     p.add_argument("-o", "--output", help="output .rknn (default: <onnx>_<target>.rknn)")
     p.add_argument("--frames", type=number(lo=1), metavar="N", help="simulator check frames (default 3B)")
     p.add_argument("--gate", type=float, metavar="DB", default=50.0, help="minimum simulator SNR vs onnxruntime (dB)")
@@ -148,7 +161,7 @@ def run_export_rknn(args) -> int:
         print(f"simulator vs onnxruntime stepwise: SNR {res['snr_db']:.1f} dB (gate {res['gate_db']:g}) "
               f"{'ok' if ok else 'FAIL'}")
     print("plan snippet (copy the .rknn and its .json to the board):")
-    print(plan_snippet("speech_decoder", "rknn", {"main": os.path.basename(res["rknn"])}))
+    print(plan_snippet("vocoder", "rknn", {"main": os.path.basename(res["rknn"])}))
     return 0 if ok else 1
 
 
@@ -204,8 +217,9 @@ def run_verify_vocoder(args) -> int:
     import torch
 
     from ..audio import snr_db
+    from ..backends.torch import step_decode
     from ..export.vocoder import load_decoder
-    from ..model.vocoder_step import VocoderStep, step_decode
+    from ..model.vocoder_step import VocoderStep
 
     plans = {s: expand_schedule(s, args.frames) for s in args.chunk_frames or DEFAULT_SCHEDULES}
     if args.threads:
@@ -268,7 +282,7 @@ def run_bench(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        from ..export.onnx import write_json  # temp file + rename
+        from ..bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
@@ -276,12 +290,12 @@ def run_bench(args) -> int:
 
 def _label(plan_path: str) -> str:
     """'onnx: talker int4, predictor int8, vocoder fp32' from the plan's components."""
-    from ..export.onnx import read_manifest
+    from ..bundle import read_manifest
     from ..plan import load_plan
 
     plan = load_plan(plan_path)
     specs = [(short, plan.get(name)) for name, short in
-             (("talker", "talker"), ("code_predictor", "predictor"), ("speech_decoder", "vocoder"))]
+             (("talker", "talker"), ("predictor", "predictor"), ("vocoder", "vocoder"))]
     impls = {spec.impl for _, spec in specs}
     if len(impls) == 1:
         label = f"{impls.pop()}: " + ", ".join(f"{short} {spec.precision or 'fp32'}" for short, spec in specs)

@@ -43,7 +43,31 @@ def build_parser() -> Parser:
     return parser
 
 
+#: exit code when the reader of stdout goes away (``qtts say -o - | head -c 100``): 128 + SIGPIPE,
+#: what a shell reports for any program stopped by a closed pipe
+BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader closed the pipe: stop quietly, no traceback
+        _stdout_to_devnull()
+        return BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness: nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from ..errors import InputError
@@ -139,10 +140,11 @@ def write_chunks(chunks, output: str, fmt: str, progress):
 
     last = None
     if output == "-":
-        for last in chunks:
-            sys.stdout.buffer.write(float_to_int16(last.samples).tobytes())
-            sys.stdout.buffer.flush()
-            progress.update(last)
+        with contextlib.closing(chunks):  # a reader that closes the pipe stops generation at once
+            for last in chunks:
+                sys.stdout.buffer.write(float_to_int16(last.samples).tobytes())
+                sys.stdout.buffer.flush()
+                progress.update(last)
         return last
     with AudioWriter(output, fmt=fmt) as w:
         for last in chunks:

@@ -32,7 +32,14 @@ def register(sub) -> None:
     p.add_argument("--default-format", default="wav", help="response_format when a request names none")
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
-
+    p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
+                   help="seconds a connection has to send its request headers (default 10)")
+    p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a request has to send its whole body (default 60)")
+    p.add_argument("--write-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a client may read nothing of a response before it is aborted (default 60)")
+    p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
+                   help="open connections at most; more get 503 (default 256)")
 
 def _settings(args):
     from ..server.settings import ServerSettings
@@ -42,7 +49,8 @@ def _settings(args):
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
         default_response_format=args.default_format, model_id=args.model_id or args.model,
-        access_log=not args.no_access_log,
+        access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        write_timeout_s=args.write_timeout, max_connections=args.max_connections,
     )
 
 

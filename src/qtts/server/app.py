@@ -131,7 +131,8 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
         if state.scheduler is not None:
             state.scheduler.shutdown()
 
-    app = FastAPI(title="qtts", version=__version__, lifespan=lifespan,
+    # redirect_slashes=False: Starlette builds the redirect from the client's Host header
+    app = FastAPI(title="qtts", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Streaming Qwen3-TTS speech synthesis with an OpenAI-compatible API.")
     app.state.qtts = state
     install_error_handlers(app)

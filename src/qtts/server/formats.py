@@ -1,13 +1,14 @@
-"""Audio encoders for HTTP responses, fed chunk by chunk from a worker thread.
+"""Response formats: float32 audio chunks -> the bytes of a wav/pcm/flac/mp3/opus response.
 
-Each encoder turns float32 mono chunks into bytes: ``start()`` once, ``encode(samples)`` per chunk,
-``finish()`` once. What streams:
+A format writer is fed from a worker thread: ``start()`` once, ``write(samples)`` per chunk,
+``finish()`` once; each returns the bytes ready to send. ("Encoder" in qtts means only the
+speaker and speech encoders of voice cloning.) What streams:
 
 * ``wav``: a streaming header (sizes set to the maximum, as live WAV streams do), then 16-bit PCM
   per chunk;
 * ``pcm``: raw signed 16-bit little-endian mono at 24 kHz, per chunk (OpenAI's ``pcm``);
 * ``opus``: Ogg/Opus pages as libsndfile emits them (bytes leave as pages fill, ~0.5 s);
-* ``flac`` and ``mp3``: encoded once at the end, because their headers (FLAC STREAMINFO sample
+* ``flac`` and ``mp3``: written once at the end, because their headers (FLAC STREAMINFO sample
   count, the MP3 Xing frame count) are patched when the file is closed and many decoders trust
   them; the response is still chunked but its bytes arrive when generation ends.
 
@@ -31,7 +32,7 @@ MEDIA_TYPES = {
 }
 
 
-class Encoder:
+class FormatWriter:
     """Base: raw 16-bit PCM."""
 
     media_type = MEDIA_TYPES["pcm"]
@@ -42,14 +43,14 @@ class Encoder:
     def start(self) -> bytes:
         return b""
 
-    def encode(self, samples: np.ndarray) -> bytes:
+    def write(self, samples: np.ndarray) -> bytes:
         return float_to_int16(samples).tobytes()
 
     def finish(self) -> bytes:
         return b""
 
 
-class WavEncoder(Encoder):
+class WavWriter(FormatWriter):
     media_type = MEDIA_TYPES["wav"]
 
     def start(self) -> bytes:
@@ -96,7 +97,7 @@ class _AppendOnlyFile(io.RawIOBase):
         return out
 
 
-class SoundfileEncoder(Encoder):
+class SoundfileWriter(FormatWriter):
     """flac / mp3 / opus through libsndfile; ``streams`` says whether bytes leave per chunk."""
 
     _FORMATS = {"flac": ("FLAC", "PCM_16", False), "mp3": ("MP3", "MPEG_LAYER_III", False),
@@ -113,7 +114,7 @@ class SoundfileEncoder(Encoder):
             self._file, "w", samplerate=sample_rate, channels=1, format=container, subtype=subtype
         )
 
-    def encode(self, samples: np.ndarray) -> bytes:
+    def write(self, samples: np.ndarray) -> bytes:
         self._sf.write(np.asarray(samples, dtype=np.float32))
         return self._file.take_new() if self.streams else b""
 
@@ -124,9 +125,10 @@ class SoundfileEncoder(Encoder):
         return bytes(self._file.buf)
 
 
-def make_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> Encoder:
+def open_format(fmt: str, sample_rate: int = SAMPLE_RATE) -> FormatWriter:
+    """The writer of response format ``fmt`` (one of MEDIA_TYPES)."""
     if fmt == "wav":
-        return WavEncoder(sample_rate)
+        return WavWriter(sample_rate)
     if fmt == "pcm":
-        return Encoder(sample_rate)
-    return SoundfileEncoder(fmt, sample_rate)
+        return FormatWriter(sample_rate)
+    return SoundfileWriter(fmt, sample_rate)
