@@ -80,8 +80,10 @@ async function loadVoices(selectId) {
     for (const v of items) group.append(new Option(v.id, v.id));
     select.append(group);
   }
-  if (!select.options.length && window.qtts.info.cloning) {
-    select.append(new Option("(no saved voice yet: upload a clip below)", ""));
+  const info = window.qtts.info;
+  if (!select.options.length && info.cloning) {
+    const hint = info.uploads ? "upload a clip below" : "start qtts serve with --voices DIR";
+    select.append(new Option(`(no saved voice yet: ${hint})`, ""));
   }
   if (keep && [...select.options].some((o) => o.value === keep)) select.value = keep;
 }
