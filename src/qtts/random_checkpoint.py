@@ -32,10 +32,10 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 
 from .config import ModelConfig, SpeechTokenizerConfig
 from .errors import InputError
+from .files import temp_dir_beside
 
 log = logging.getLogger(__name__)
 
@@ -212,15 +212,14 @@ def write_random_checkpoint(
     name = real_name(kind, layout)
     out = os.path.abspath(out)
     if os.path.exists(out) and os.listdir(out) and not overwrite:
-        raise InputError(f"{out} exists and is not empty; choose a new directory or pass --overwrite")
+        raise InputError(f"{out} exists and is not empty; choose a new directory or pass --force")
     if tokenizer_dir is not None:
         _check_tokenizer_dir(tokenizer_dir)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".qtts-random-", dir=parent)
+    tmp = temp_dir_beside(out, ".random.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
         _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)
