@@ -108,3 +108,25 @@ def test_engine_stream_with_speed_equals_offline_stretch(real_tts):
     assert final.is_final and final.info["speed"] == 1.5
     assert final.info["audio_s"] == pytest.approx(len(out) / SR)
     assert len(out) == int(np.floor(len(plain.samples) / 1.5 + 0.5))
+
+
+def test_qtts_say_speed(tiny_snapshot, tmp_path, capsys):
+    """``qtts say --speed 2`` writes the offline stretch of the same seeded speed-1 audio."""
+    import soundfile as sf
+
+    from qtts.cli import main
+
+    model = tiny_snapshot(kind="custom_voice")
+    base = ["say", "Hello there.", "-m", model, "--speaker", "ryan", "--seed", "4", "--max-frames", "6",
+            "--threads", "1", "-q"]
+    assert main(base + ["-o", str(tmp_path / "plain.wav")]) == 0
+    assert main(base + ["--speed", "2", "-o", str(tmp_path / "fast.wav")]) == 0
+    plain, _ = sf.read(tmp_path / "plain.wav", dtype="float32")
+    fast, rate = sf.read(tmp_path / "fast.wav", dtype="int16")
+    assert rate == SR and len(fast) == int(np.floor(len(plain) / 2 + 0.5)) and len(plain) == 6 * 1920
+    engine = qtts.load(model, threads=1)
+    audio = engine.synthesize("Hello there.", speaker="ryan", options=qtts.SynthesisOptions(seed=4, max_frames=6))
+    assert np.array_equal(fast, qtts.audio.float_to_int16(stretch(audio.samples, 2.0, SR)))
+    capsys.readouterr()
+    assert main(base + ["--speed", "5", "-o", str(tmp_path / "x.wav")]) == 2
+    assert "--speed" in capsys.readouterr().err

@@ -176,3 +176,11 @@ def test_page_files_and_info_route(cv17):
         assert "/" not in paths and "/ui/info" not in paths  # the page is not part of the API
     finally:
         srv.stop()
+
+
+def test_serve_prints_a_page_address_a_browser_can_open():
+    from qtts.cli.serve import page_url
+
+    assert page_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
+    assert page_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/"
+    assert page_url("::", 8000) == "http://[::1]:8000/" and page_url("::1", 9) == "http://[::1]:9/"

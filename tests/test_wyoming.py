@@ -272,3 +272,44 @@ def test_catalog_languages_and_sentence_cutting(cv_engine):
     assert complete_sentences("No end yet ") == ([], "No end yet ")
     done, rest = complete_sentences("First one is done here. Second ")
     assert done == ["First one is done here."] and rest == "Second "  # the space before more text stays
+
+
+def test_qtts_wyoming_command(tiny_snapshot, capsys):
+    """``qtts wyoming`` in a subprocess: prints where it listens, answers describe and synthesize,
+    stops on SIGTERM; bad flags exit 2 before loading anything."""
+    import signal
+    import subprocess
+    import sys
+
+    from qtts.cli import main
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "qtts", "wyoming", "-m", tiny_snapshot(kind="custom_voice"), "--threads", "1",
+           "--uri", f"tcp://127.0.0.1:{port}", "--voice", "ryan", "--seed", "1", "--max-frames", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once the model is loaded, before listening
+        assert f"Wyoming service on tcp://127.0.0.1:{port}" in line and "ryan" in line, line
+
+        async def scenario():
+            for _ in range(200):
+                try:
+                    async with client(f"tcp://127.0.0.1:{port}") as c:
+                        await c.write_event(Describe().event())
+                        info = Info.from_event((await events_until(c, "info"))[-1])
+                        await c.write_event(Synthesize(text="Hi there.").event())
+                        return info, await events_until(c, "audio-stop")
+                except ConnectionRefusedError:
+                    await asyncio.sleep(0.05)
+            raise AssertionError("the service never listened")
+
+        info, events = run(scenario())
+        assert "ryan" in [v.name for v in info.tts[0].voices]
+        assert len(audio_of(events)) == 4 * 1920
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    for bad in (["--uri", "http://x:1"], ["--uri", "tcp://127.0.0.1"], ["--speed", "9"]):
+        assert main(["wyoming", "-m", "M", *bad]) == 2
+        assert "error" in capsys.readouterr().err
