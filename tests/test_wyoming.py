@@ -313,3 +313,29 @@ def test_qtts_wyoming_command(tiny_snapshot, capsys):
     for bad in (["--uri", "http://x:1"], ["--uri", "tcp://127.0.0.1"], ["--speed", "9"]):
         assert main(["wyoming", "-m", "M", *bad]) == 2
         assert "error" in capsys.readouterr().err
+
+
+def test_wyoming_client_example(cv_engine, tmp_path):
+    """examples/wyoming_client.py against a running service writes the streamed audio as WAV."""
+    import os
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                           "wyoming_client.py")
+    out = tmp_path / "hello.wav"
+
+    async def scenario():
+        async with serving(cv_engine) as (uri, _):
+            proc = await asyncio.create_subprocess_exec(sys.executable, example, "Hello from Wyoming.", "--uri", uri,
+                                                        "--voice", "ryan", "-o", str(out),
+                                                        stderr=subprocess.PIPE)
+            _, err = await proc.communicate()
+            return proc.returncode, err.decode()
+
+    rc, err = run(scenario())
+    assert rc == 0, err[-2000:]
+    samples, rate = sf.read(out, dtype="int16")
+    assert rate == 24000 and np.array_equal(samples, offline(cv_engine, "Hello from Wyoming.", speaker="ryan"))
