@@ -90,25 +90,24 @@ def qtts_reference(args) -> int:
     """[main venv] qtts greedy codes for the peer's prompt (all text in the prefill) + their audio."""
     from dataclasses import replace
 
+    from qtts import backends
     from qtts.options import SamplingParams
-    from qtts.prompt import build_prompt
-    from qtts.runtime import Runtime
-    from qtts.verify import _generate, _loop_params
+    from qtts.prompt import Mode, build_prompt
+    from qtts.verify import _generate, greedy_params
 
-    rt = Runtime.open(str(args.model), threads=args.threads)
-    speakers = list(rt.config.speakers)
-    mode = dict(mode="custom_voice", speaker=speakers[0]) if speakers else dict(mode="xvector")
-    prompt = build_prompt(rt.config, rt.tokenizer, TEXT, non_streaming_text=True, **mode)
-    cfg = rt.config
+    parts = backends.open(str(args.model), threads=args.threads)
+    cfg = parts.config
+    speakers = list(cfg.speakers)
     dim = cfg.speaker_encoder.enc_dim if cfg.speaker_encoder is not None else cfg.talker.hidden_size
     spk = np.random.default_rng(XVEC_SEED).standard_normal(dim).astype(np.float32) * XVEC_SCALE
+    mode = Mode("custom_voice", speaker=speakers[0]) if speakers else Mode("xvector", xvector=spk)
+    prompt = build_prompt(cfg, parts.tokenizer, TEXT, mode, non_streaming_text=True)
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     # the peer's greedy path is a plain argmax: no repetition penalty on either stage
-    lp = replace(_loop_params(rt, args.frames), talker=greedy, residual=greedy)
-    codes = _generate(rt.backend, prompt, lp, None if speakers else spk)
-    decoder = rt.new_decoder()
-    decoder.reset()
-    pcm = decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
+    lp = replace(greedy_params(cfg, args.frames), talker=greedy, predictor=greedy)
+    codes = _generate(parts.backend, prompt, lp, None if speakers else spk)
+    stream = parts.vocoder.stream()
+    pcm = stream.decode(codes) if len(codes) else np.zeros(0, np.float32)
     np.savez(args.qtts_reference, codes=codes, pcm=np.asarray(pcm, np.float32))
     return 0
 
