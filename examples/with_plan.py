@@ -1,14 +1,14 @@
 """Run synthesis through an execution plan (e.g. the ONNX vocoder, or a whole ONNX bundle).
 
-    qtts export vocoder --model MODEL --codes-length 8 -o voc8.onnx
-    qtts export vocoder --model MODEL --codes-length 2 -o voc2.onnx
+    qtts export vocoder --model MODEL --chunk-frames 8 -o voc8.onnx
+    qtts export vocoder --model MODEL --chunk-frames 2 -o voc2.onnx
     python examples/with_plan.py MODEL voc8.onnx voc2.onnx SPEAKER "Text." out.wav
+
+A plan is a dict or a JSON file (``qtts export onnx`` writes BUNDLE/plan.json): qtts.load(MODEL, plan=...).
 """
 
 import argparse
-import json
 import os
-import tempfile
 
 import qtts
 
@@ -21,12 +21,9 @@ ap.add_argument("text")
 ap.add_argument("out")
 args = ap.parse_args()
 
-plan = {"speech_decoder": {"impl": "onnx", "artifacts": {
+plan = {"vocoder": {"impl": "onnx", "artifacts": {
     "main": os.path.abspath(args.main_onnx), "first": os.path.abspath(args.first_onnx)}}}
-with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-    json.dump(plan, fh)
-tts = qtts.load(args.model, plan=fh.name)
+tts = qtts.load(args.model, plan=plan)
 audio = tts.synthesize(args.text, speaker=args.speaker, options=qtts.SynthesisOptions(seed=0, max_frames=24))
 audio.save(args.out)
-os.unlink(fh.name)
-print(f"{args.out}: {audio.duration:.2f} s via {plan['speech_decoder']['impl']} vocoder")
+print(f"{args.out}: {audio.duration:.2f} s via {plan['vocoder']['impl']} vocoder")

@@ -20,15 +20,14 @@ import time
 
 import numpy as np
 
+from qtts.backends import open as open_components
 from qtts.bench import BenchOptions, _loop_params, _one_run
-from qtts.decoders import create_decoder
 from qtts.errors import InputError, QttsError
 from qtts.generate import generate
-from qtts.runtime import Runtime
-from qtts.verify import _prompt
+from qtts.verify import reference_prompt
 
 
-def pipelined_run(rt, prompt, speaker, lp, decoder) -> tuple[float, float]:
+def pipelined_run(parts, prompt, speaker, lp, decoder) -> tuple[float, float]:
     """(RTF, TTFA s) with decoding on a worker thread; chunks of 2 frames, then 8."""
     chunks: queue.Queue = queue.Queue()
     ttfa: list[float] = []
@@ -42,7 +41,7 @@ def pipelined_run(rt, prompt, speaker, lp, decoder) -> tuple[float, float]:
     thread = threading.Thread(target=worker)
     thread.start()
     pending, sent, frames = [], 0, 0
-    for codes in generate(rt.backend, prompt, lp, speaker):
+    for codes in generate(parts.backend, prompt, lp, speaker):
         pending.append(codes)
         frames += 1
         if len(pending) >= (2 if sent == 0 else 8):
@@ -68,22 +67,21 @@ def main() -> None:
     opts = BenchOptions(threads=args.threads)
     loaded = []
     for plan in args.plan:
-        rt = Runtime.open(args.model, plan=plan, threads=args.threads)
-        prompt, speaker = _prompt(rt, opts.text)
-        _one_run(rt, prompt, speaker, _loop_params(rt, 4, opts.seed), opts)  # warm-up
-        loaded.append((plan, rt, prompt, speaker))
+        parts = open_components(args.model, plan=plan, threads=args.threads)
+        prompt, speaker = reference_prompt(parts, opts.text)
+        _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)  # warm-up
+        vocoder = open_components(args.model, plan=plan, threads=args.vocoder_threads).vocoder if args.pipelined else None
+        loaded.append((plan, parts, prompt, speaker, vocoder))
     rows: dict[str, list] = {}
     for i in range(args.runs):
-        for plan, rt, prompt, speaker in loaded if i % 2 == 0 else loaded[::-1]:
-            lp = _loop_params(rt, args.frames, opts.seed)
-            r = _one_run(rt, prompt, speaker, lp, opts)
+        for plan, parts, prompt, speaker, vocoder in loaded if i % 2 == 0 else loaded[::-1]:
+            lp = _loop_params(parts.config, args.frames, opts.seed)
+            r = _one_run(parts, prompt, speaker, lp, opts)
             rows.setdefault(plan, []).append(
                 (r["talker_ms"], r["predictor_ms"], r["vocoder_ms"], r["total_s"] / r["audio_s"], r["ttfa_ms"])
             )
-            if args.pipelined:
-                decoder = create_decoder(rt.snapshot_dir, plan=rt.plan, threads=args.vocoder_threads,
-                                         checkpoint_loader=lambda: rt.checkpoint)
-                rtf, ttfa = pipelined_run(rt, prompt, speaker, lp, decoder)
+            if vocoder is not None:
+                rtf, ttfa = pipelined_run(parts, prompt, speaker, lp, vocoder.stream())
                 rows.setdefault(plan + " (pipelined)", []).append((np.nan, np.nan, np.nan, rtf, 1000 * ttfa))
     for name, runs in rows.items():
         a = np.array(runs)

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from qtts.audio import snr_db
-from qtts.decoders import OnnxStepDecoder, TorchStepDecoder
+from qtts.backends.onnx import OnnxVocoder
+from qtts.backends.torch import TorchVocoder
 from qtts.errors import InputError, QttsError
 from qtts.export.vocoder import export_vocoder_onnx, load_decoder
 
@@ -49,10 +50,11 @@ def profile_step(path: str, threads: int, codes: np.ndarray, b: int) -> None:
             so.enable_profiling, so.profile_file_prefix = True, os.path.join(tmp, "prof")
             return ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
 
-        dec = OnnxStepDecoder(path, session_factory=factory)
+        voc = OnnxVocoder(path, session_factory=factory)
+        dec = voc.stream()
         for i in range(0, len(codes) - len(codes) % b, b):
             dec.decode(codes[i : i + b])
-        (sess,) = dec._sessions.values()
+        (sess,) = voc.sessions.values()
         with open(sess.end_profiling(), encoding="utf-8") as fh:
             events = json.load(fh)
     per_op, runs = collections.Counter(), sum(e.get("name") == "model_run" for e in events)
@@ -121,13 +123,13 @@ def main() -> None:
         with torch.inference_mode():
             return decoder(tcodes).reshape(-1).numpy()
 
-    def stream(dec):
-        dec.reset()
+    def stream(voc):
+        dec = voc.stream()
         return np.concatenate([dec.decode(codes[i : i + args.b]) for i in range(0, args.frames, args.b)])
 
     t_full, ref = timed(full)
     rows = [("torch offline decode", t_full, float("inf"))]
-    step = TorchStepDecoder(decoder, main=args.b)
+    step = TorchVocoder(decoder, main=args.b)
     t, out = timed(lambda: stream(step))
     rows.append((f"torch step B={args.b}", t, snr_db(ref, out)))
 
@@ -140,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"voc{args.b}.onnx")
         export_vocoder_onnx(decoder, args.b, path)
-        ort_dec = OnnxStepDecoder(path, threads=args.threads)
+        ort_dec = OnnxVocoder(path, threads=args.threads)
         t, out = timed(lambda: stream(ort_dec))
         rows.append((f"onnxruntime step B={args.b}", t, snr_db(ref, out)))
         if args.profile:

@@ -28,10 +28,11 @@ REF = os.path.normpath(
 
 import official  # noqa: E402
 from encoder_helpers import codec_wav, speaker_wav  # noqa: E402
+from qtts.backends.torch import TorchSpeakerEncoder  # noqa: E402
 from qtts.config import ModelConfig  # noqa: E402
 from qtts.mel import log_mel  # noqa: E402
 from qtts.model.codec_encoder import Encoder  # noqa: E402
-from qtts.model.speaker import SpeakerEncoder, embed  # noqa: E402
+from qtts.model.speaker import SpeakerEncoder  # noqa: E402
 
 
 def _randomize(module, seed: int, gain: float) -> None:
@@ -87,13 +88,13 @@ def speaker(cfg, seconds: float, repeats: int) -> dict:
             ).transpose(1, 2)  # fmt: skip
             return ref(mels)[0].numpy()
 
-    expected, got = official_run(), embed(ours, y)
+    expected, got = official_run(), TorchSpeakerEncoder(ours).embed(y)
     with torch.inference_mode():
         mel_t = torch.from_numpy(log_mel(y))[None]
         t_encoder = _time(lambda: ours(mel_t), repeats)
     return {
         "max_abs_err_rel": float(np.abs(got - expected).max() / np.abs(expected).max()),
-        "ours_ms": _time(lambda: embed(ours, y), repeats),
+        "ours_ms": _time(lambda: TorchSpeakerEncoder(ours).embed(y), repeats),
         "ours_mel_ms": _time(lambda: log_mel(y), repeats),
         "ours_encoder_only_ms": t_encoder,
         "official_ms": _time(official_run, repeats),

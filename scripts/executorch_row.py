@@ -27,16 +27,15 @@ import torch
 
 from qtts.audio import snr_db
 from qtts.backends.qnn import PlainPredictor, torch_tables
-from qtts.backends.torch import TorchBackend
-from qtts.decoders import TorchStepDecoder
+from qtts.backends.torch import TorchBackend, TorchVocoder
 from qtts.export.executorch import (
-    EtStepDecoder,
+    EtVocoder,
     export_predictor_pte,
     export_vocoder_pte,
     load_method,
     method_runner,
 )
-from qtts.export.qnn import plain_step_class
+from qtts.export.qnn import plain_step
 from qtts.options import SamplingParams
 from qtts.weights import load_checkpoint
 
@@ -54,7 +53,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 def predictor_row(talker, pte: str, frames: int) -> dict:
     codec, tables = torch_tables(talker)
-    eager = plain_step_class()(talker.code_predictor.float().eval())
+    eager = plain_step(talker.code_predictor.float().eval())
 
     def eager_run(*arrays):
         with torch.inference_mode():
@@ -90,7 +89,7 @@ def vocoder_row(decoder, pte: str, contract, frames: int) -> dict:
     codes = np.random.default_rng(1).integers(0, 2048, (frames, contract.num_quantizers)).astype(np.int64)
     with torch.inference_mode():
         ref = decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
-    et = EtStepDecoder(pte, contract, threads=1)
+    et = EtVocoder(pte, contract, threads=1).stream()
     pieces, i = [], 0
     while i < len(codes):
         n = 2 if i == 0 else 8
@@ -98,7 +97,7 @@ def vocoder_row(decoder, pte: str, contract, frames: int) -> dict:
         i += n
     b = contract.codes_length
     block = codes[:b]
-    tdec = TorchStepDecoder(decoder, main=b, threads=1)
+    tdec = TorchVocoder(decoder, main=b, threads=1).stream()
 
     def et_step():
         et.reset()

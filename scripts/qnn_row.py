@@ -22,12 +22,17 @@ import numpy as np
 import onnxruntime as ort
 
 from qtts.audio import snr_db
-from qtts.backends.qnn import PlainPredictor, session_runner, torch_tables
+from qtts.backends.qnn import (
+    PlainPredictor,
+    QnnOptions,
+    QnnVocoder,
+    qnn_session,
+    session_runner,
+    torch_tables,
+)
 from qtts.backends.torch import TorchBackend
-from qtts.decoders_qnn import QnnStepDecoder
 from qtts.options import SamplingParams
 from qtts.plan import load_plan
-from qtts.qnn import QnnOptions, qnn_session
 from qtts.weights import load_checkpoint
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
@@ -70,7 +75,7 @@ def vocoder_row(decoder, spec, frames: int) -> dict:
     codes = np.random.default_rng(1).integers(0, 2048, (frames, 16)).astype(np.int64)
     with torch.inference_mode():
         ref = decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
-    dec = QnnStepDecoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options)
+    dec = QnnVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options).stream()
     pieces, i, t0 = [], 0, time.perf_counter()
     while i < len(codes):
         n = 2 if i == 0 else 8
@@ -89,11 +94,11 @@ def main() -> None:
     args = ap.parse_args()
     plan = load_plan(os.path.join(args.bundle, "plan.json"))
     ckpt = load_checkpoint(args.model, components=("talker", "decoder"))
-    pred = plan.get("code_predictor")
+    pred = plan.get("predictor")
     row = predictor_row(ckpt.model.talker.float().eval(), pred.artifacts["main"],
                         QnnOptions.from_plan(pred.options), args.frames)  # fmt: skip
     if args.vocoder_frames:
-        row.update(vocoder_row(ckpt.speech_tokenizer.decoder.float().eval(), plan.get("speech_decoder"),
+        row.update(vocoder_row(ckpt.speech_tokenizer.decoder.float().eval(), plan.get("vocoder"),
                                args.vocoder_frames))  # fmt: skip
     print(json.dumps(row, indent=2))
 

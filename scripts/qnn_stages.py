@@ -21,8 +21,9 @@ import onnxruntime as ort
 from onnx import shape_inference
 
 from qtts.audio import snr_db
-from qtts.decoders import STEP_OUTPUTS, read_onnx_contract, rope_freqs
-from qtts.qnn import QnnOptions, qnn_session
+from qtts.backends.onnx import OnnxVocoder
+from qtts.backends.qnn import QnnOptions, qnn_session
+from qtts.backends.step import STEP_OUTPUTS, rope_freqs
 
 
 def expose(src: str, dst: str, points: int) -> list[str]:
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=8)
     ap.add_argument("--soc-model", default="57")
     args = ap.parse_args()
-    contract = read_onnx_contract(args.onnx)
+    contract = OnnxVocoder(args.onnx).contract
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "stages.onnx")
         names = list(STEP_OUTPUTS) + expose(args.onnx, path, args.points)

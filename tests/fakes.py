@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtts.backends.base import sample_residuals
+from qtts.backends.base import run_predictor_steps
 
 EOS = 2150
 
@@ -97,4 +97,4 @@ class FakeBackend:
             v = hidden + (self.codec_table[code] if j == 0 else self.cp_tables[j - 1][code])
             return self.cp_head[j] @ np.tanh(v)
 
-        return sample_residuals(step_logits, code0, params, uniforms)
+        return run_predictor_steps(step_logits, code0, params, uniforms)

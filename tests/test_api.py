@@ -1,37 +1,58 @@
-"""TTS.stream / synthesize on a fake runtime: chunking, ordering, closing, modes, stats."""
+"""TTS.stream / synthesize on fake components: chunking, ordering, closing, modes, stats."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
 from conftest import SHARED_REFERENCE
-from fakes import FakeBackend, FakePrompt
+from fakes import FakeBackend
 from qtts.api import TTS
+from qtts.backends import Components
 from qtts.config import ModelConfig
 from qtts.errors import InputError
 from qtts.options import SynthesisOptions
-from qtts.runtime import Runtime
 from qtts.voice import Voice
 
 H = 8
 
 
 class FakeTokenizer:
+    """Byte ids, except that the chat template's pieces are one id each (as in Qwen2), so the
+    prompt builder's fixed slices leave exactly the text's bytes as the body."""
+
+    SPECIAL = {"<|im_start|>": 151644, "<|im_end|>": 151645, "assistant": 77091, "user": 872}
+
     def encode(self, text):
-        return [b % 101 for b in text.encode("utf-8")]
+        ids = []
+        for part in re.split(r"(<\|im_start\|>|<\|im_end\|>|assistant|user)", text):
+            ids += [self.SPECIAL[part]] if part in self.SPECIAL else [b % 101 for b in part.encode("utf-8")]
+        return ids
 
 
-class FakeDecoder:
-    """Stateful: each frame's samples depend on its code 0 and on how many frames came before."""
+class FakeVocoder:
+    """``stream()`` gives a stateful decoder: each frame's samples depend on its code 0 and on how
+    many frames came before in that stream."""
 
+    def __init__(self, events):
+        self.events = events
+        self.streams = 0
+
+    def stream(self):
+        self.streams += 1
+        return _FakeStream(self.events)
+
+
+class _FakeStream:
     def __init__(self, events):
         self.events = events
         self.n = 0
 
     def decode(self, codes):
         codes = np.asarray(codes)
-        self.events.append(("decode", len(codes)))
+        self.events.append(("decode", len(codes), codes.copy()))
         out = []
         for c in codes:
             out.append(np.full(1920, (c[0] % 97) / 97.0 + 0.001 * self.n, np.float32))
@@ -39,25 +60,12 @@ class FakeDecoder:
         return np.concatenate(out)
 
 
-class FakeRuntime(Runtime):
-    def build_prompt(self, text, mode, voice, options):
-        ids = FakeTokenizer().encode(text)
-        text_ids = [151644, 77091, 198, 151671, 151671, 151671, 151672, ids[0]]
-        codec = [-1, -1, -1, 2155, 2156, 2157, 2148, 2149]
-        spk = -1
-        if mode.xvector:
-            text_ids.insert(6, 151671)
-            codec.insert(6, -1)
-            spk = 6
-        return FakePrompt(text_ids, codec, ids[1:] + [151673], speaker_pos=spk), len(ids)
-
-
 def make_tts(kind="Qwen3-TTS-12Hz-0.6B-Base", **backend_kw):
     cfg = ModelConfig.from_dir(f"{SHARED_REFERENCE}/configs/{kind}", speech_tokenizer=False)
     cfg.talker_config.hidden_size = H
     backend = FakeBackend(hidden_size=H, **backend_kw)
-    rt = FakeRuntime(cfg, FakeTokenizer(), backend, decoder_factory=lambda: FakeDecoder(backend.events))
-    return TTS(rt), backend
+    parts = Components(cfg, FakeTokenizer(), backend, FakeVocoder(backend.events))
+    return TTS(parts), backend
 
 
 VOICE = Voice(np.ones(H, np.float32), model_size="0b6")
@@ -87,8 +95,12 @@ def test_custom_chunking():
 def test_stream_equals_synthesize_and_offline_decode():
     tts, backend = make_tts()
     chunks = list(tts.stream("Hello world.", voice=VOICE, options=OPTS))
-    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
     streamed = np.concatenate([c.samples for c in chunks])
+    fed = [e[2] for e in backend.events if e[0] == "decode"]
+    assert [len(c) for c in fed] == [c.num_frames for c in chunks if c.num_frames]  # one decode per chunk
+    offline = FakeVocoder([]).stream().decode(np.concatenate(fed))  # the same 30 frames in one call, fresh state
+    np.testing.assert_array_equal(streamed, offline)
+    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
     np.testing.assert_array_equal(streamed, audio.samples)
     assert audio.finish_reason == "length" and audio.duration == pytest.approx(2.4)
 
@@ -140,15 +152,12 @@ def test_long_text_split_into_pieces_with_own_budgets():
     assert audio.info["finish_reasons"] == ["eos"] * audio.info["pieces"]
 
 
-def test_decoder_state_continues_across_pieces():
+def test_vocoder_state_continues_across_pieces():
     tts, backend = make_tts(eos_at=3)
-    made = []
-    factory = tts.runtime._decoder_factory
-    tts.runtime._decoder_factory = lambda: made.append(1) or factory()
     opts = SynthesisOptions(greedy=True, max_sentence_chars=30, first_chunk_frames=4, chunk_frames=4)
     chunks = list(tts.stream("One sentence here. Another sentence there.", voice=VOICE, options=opts))
     assert chunks[-1].info["pieces"] == 2
-    assert len(made) == 1  # one decoder for the whole call: no reset, no seam between pieces
+    assert tts.components.vocoder.streams == 1  # one vocoder stream for the whole call: no seam between pieces
     assert [c.num_frames for c in chunks] == [4, 2]  # chunks span the piece boundary (3 + 3 frames)
     assert [c.frame_start for c in chunks] == [0, 4]
 
@@ -161,11 +170,11 @@ def test_seeded_sampling_reproducible():
     np.testing.assert_array_equal(a, b)
 
 
-def test_icl_primes_decoder_and_drops_reference_audio():
+def test_icl_primes_vocoder_and_drops_reference_audio():
     tts, backend = make_tts()
     voice = Voice(np.ones(H, np.float32), ref_codes=np.zeros((7, 16), np.int64), ref_text="ref", model_size="0b6")
     chunks = list(tts.stream("Hello world.", voice=voice, options=SynthesisOptions(greedy=True, max_frames=4)))
-    assert backend.events[0] == ("decode", 7)  # primed before generation
+    assert backend.events[0][:2] == ("decode", 7)  # primed before generation
     assert sum(len(c.samples) for c in chunks) == 4 * 1920
 
 
@@ -205,24 +214,25 @@ def test_real_stream_equals_offline_decode(real_tts, icl):
 
     from qtts.audio import snr_db
     from qtts.generate import LoopParams, generate
-    from qtts.synthesis_modes import resolve
+    from qtts.prompt import build_prompt, resolve_mode
 
-    rt = real_tts.runtime
-    assert rt.new_decoder().threads == 1  # load(threads=1) reaches the vocoder too
+    parts = real_tts.components
+    assert parts.vocoder.threads == 1  # load(threads=1) reaches the vocoder too
     rng = np.random.default_rng(5)
-    voice = Voice(rng.standard_normal(rt.config.talker.hidden_size).astype(np.float32), model_size="0b6",
+    voice = Voice(rng.standard_normal(parts.config.talker.hidden_size).astype(np.float32), model_size="0b6",
                   ref_codes=rng.integers(0, 2048, (10, 16)) if icl else None, ref_text="Ref." if icl else None)
     opts = SynthesisOptions(greedy=True, max_frames=20, watchdog=False, split_sentences=False)
     chunks = list(real_tts.stream("Hello world, streaming test.", voice=voice, options=opts))
     streamed = np.concatenate([c.samples for c in chunks])
     # the same codes again (greedy), decoded offline in one call, reference part cut like the official wrapper
-    ro = opts.resolve(rt.config.generation)
-    prompt, _ = rt.build_prompt("Hello world, streaming test.", resolve(rt.config, voice, None, None, None), voice, ro)
-    lp = LoopParams(talker=ro.talker, residual=ro.subtalker, max_frames=20, tts_pad_id=151671, watchdog=None)
-    codes = np.array(list(generate(rt.backend, prompt, lp, speaker=voice.speaker)))
+    ro = opts.resolve(parts.config.generation)
+    mode = resolve_mode(parts.config, voice)
+    prompt = build_prompt(parts.config, parts.tokenizer, "Hello world, streaming test.", mode, ro.non_streaming_text)
+    lp = LoopParams(talker=ro.talker, predictor=ro.predictor, max_frames=20, tts_pad_id=151671, watchdog=None)
+    codes = np.array(list(generate(parts.backend, prompt, lp, speaker=voice.speaker)))
     full = codes if not icl else np.concatenate([voice.ref_codes, codes])
     with torch.inference_mode():
-        wav = rt.checkpoint.speech_tokenizer.decoder(torch.from_numpy(full.T.copy())[None]).reshape(-1).numpy()
+        wav = parts.vocoder.decoder(torch.from_numpy(full.T.copy())[None]).reshape(-1).numpy()
     cut = int(len(voice.ref_codes) / len(full) * len(wav)) if icl else 0
     offline = wav[cut:]
     assert len(streamed) == len(offline) == 20 * 1920
@@ -230,7 +240,7 @@ def test_real_stream_equals_offline_decode(real_tts, icl):
 
 
 def test_real_first_chunk_before_generation_ends(real_tts):
-    be = real_tts.runtime.backend
+    be = real_tts.components.backend
     calls = []
     orig = be.talker
 
@@ -280,8 +290,9 @@ def test_real_bfloat16_talker_fp32_vocoder(tiny_snapshot):
     import qtts
 
     tts = qtts.load(tiny_snapshot(), dtype="bfloat16", threads=1)
-    assert tts.runtime.checkpoint.model.talker.codec_head.weight.dtype == torch.bfloat16
-    assert next(tts.runtime.checkpoint.speech_tokenizer.parameters()).dtype == torch.float32
+    assert tts.components.backend.talker_module.codec_head.weight.dtype == torch.bfloat16
+    assert next(tts.components.vocoder.decoder.parameters()).dtype == torch.float32
+    assert next(tts.components.speaker_encoder.encoder.parameters()).dtype == torch.bfloat16
     voice = Voice(np.full(tts.config.talker.hidden_size, 0.1, np.float32), model_size="0b6")
     audio = tts.synthesize("Hello.", voice=voice, options=SynthesisOptions(seed=0, max_frames=4))
     assert audio.samples.dtype == np.float32 and len(audio.samples) == 4 * 1920 and np.isfinite(audio.samples).all()

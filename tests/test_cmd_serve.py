@@ -26,7 +26,8 @@ def test_serve_subprocess(tiny_snapshot, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "qtts", "serve", "--model", tiny_snapshot(kind="custom_voice"), "--port",
-           str(port), "--voices", str(tmp_path / "voices"), "--max-frames", "4", "--threads", "1"]
+           str(port), "--voices", str(tmp_path / "voices"), "--max-frames", "4", "--threads", "1",
+           "--header-timeout", "1.5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         statuses = []
@@ -45,12 +46,16 @@ def test_serve_subprocess(tiny_snapshot, tmp_path):
         r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "vivian", "response_format": "pcm"},
                        timeout=60)
         assert r.status_code == 200 and len(r.content) == 4 * 3840
+        # --header-timeout reaches uvicorn: a silent connection gets 408 and is closed
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as silent:
+            assert silent.recv(4096).startswith(b"HTTP/1.1 408 ")
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as a service manager expects)
     assert proc.returncode in (0, -signal.SIGTERM), err[-2000:]
     assert f"serving on http://127.0.0.1:{port}" in out
+    assert f"web page: http://127.0.0.1:{port}/" in out
     access = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     speech = [a for a in access if a["route"] == "/v1/audio/speech"]
     assert speech and speech[0]["status"] == 200 and speech[0]["frames"] == 4
@@ -58,7 +63,10 @@ def test_serve_subprocess(tiny_snapshot, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["serve", "--model", "m", "--host", "not a host"],
-                                  ["serve", "--model", "m", "--max-concurrency", "0"]])
+                                  ["serve", "--model", "m", "--max-concurrency", "0"],
+                                  ["serve", "--model", "m", "--header-timeout", "0"],
+                                  ["serve", "--model", "m", "--body-timeout", "-1"],
+                                  ["serve", "--model", "m", "--max-connections", "0"]])
 def test_serve_rejects_bad_flags(argv, capsys):
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err

@@ -26,7 +26,7 @@ SAMPLE = dataclasses.replace(GREEDY, do_sample=True)
 
 def params(max_frames=30, sample=False, seed=None, watchdog=None, **kw) -> LoopParams:
     sp = SAMPLE if sample else GREEDY
-    return LoopParams(talker=sp, residual=sp, max_frames=max_frames, tts_pad_id=151671, seed=seed,
+    return LoopParams(talker=sp, predictor=sp, max_frames=max_frames, tts_pad_id=151671, seed=seed,
                       watchdog=watchdog, **kw)
 
 

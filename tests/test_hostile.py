@@ -113,3 +113,43 @@ def test_bounded_real_pipeline(real_tts, name):
     assert audio.finish_reason in ("eos", "length", "runaway")
     assert audio.info["frames"] <= 2 * audio.info["pieces"]
     assert len(audio.samples) == 1920 * audio.info["frames"] and np.isfinite(audio.samples).all()
+
+
+EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-320, 1e-45, 1e-39, 1.17e-38, 1e-30, 1e-6, 0.00999, 0.01, 0.5, 1.0,
+                  100.0, 100.01, 1e6, 3.4e38, 1e308, float("inf"), float("-inf"), float("nan"), -1.0]
+SAMPLING_FIELDS = ["temperature", "top_p", "repetition_penalty", "top_k"]
+
+
+@pytest.mark.parametrize("stage", ["talker", "predictor"])
+def test_extreme_sampling_values_run_or_raise_input_error(real_tts, stage):
+    """Every extreme float in every sampling field (then random floats), through the real sampling
+    math: audio or an InputError naming the field, never an IndexError or overflow (a subnormal
+    temperature used to make the draw walk off the vocabulary)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    voice = VOICE.__class__(np.full(real_tts.config.talker.hidden_size, 0.1, np.float32), model_size="0b6")
+    outcomes = set()
+
+    def check(field, value):
+        options = SynthesisOptions(max_frames=2, seed=3, **{stage: SamplingParams(do_sample=True, **{field: value})})
+        try:
+            audio = real_tts.synthesize("Hi.", voice=voice, options=options)
+        except InputError as exc:
+            assert field in str(exc), (field, value, exc)
+            outcomes.add("input error")
+            return
+        assert np.isfinite(audio.samples).all() and audio.info["frames"] <= 2, (field, value)
+        outcomes.add("audio")
+
+    for field in SAMPLING_FIELDS:
+        for value in EXTREME_FLOATS:
+            check(field, value)
+
+    @settings(max_examples=20, derandomize=True, deadline=None, database=None)
+    @given(field=st.sampled_from(SAMPLING_FIELDS), value=st.floats())
+    def fuzz(field, value):
+        check(field, value)
+
+    fuzz()
+    assert outcomes == {"audio", "input error"}

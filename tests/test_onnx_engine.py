@@ -37,17 +37,17 @@ def quantized_bundles(snapshot, tmp_path_factory):
     out = {}
     for precision in ("int8", "int4"):
         out[precision] = str(root / precision)
-        _export(snapshot, out[precision], "--weights", precision, "--components", "talker", "code_predictor")
+        _export(snapshot, out[precision], "--weights", precision, "--components", "talker", "predictor")
     return out
 
 
 def _backends(snapshot: str, bundle: str):
-    from qtts.backends import create_backend
+    from qtts.backends import open as open_components
     from qtts.backends.torch import TorchBackend
     from qtts.weights import load_checkpoint
 
     ckpt = load_checkpoint(snapshot, components=("talker",))
-    return TorchBackend(ckpt.model.talker), create_backend(snapshot, os.path.join(bundle, "plan.json"))
+    return TorchBackend(ckpt.model.talker), open_components(snapshot, os.path.join(bundle, "plan.json")).backend
 
 
 def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
@@ -63,25 +63,27 @@ def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
     prompt.speaker_pos, prompt.icl_frame, prompt.icl_codes = -1, None, None
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05)
     lp = LoopParams(
-        talker=greedy, residual=greedy, max_frames=frames, tts_pad_id=151671, watchdog=None, seed=0
+        talker=greedy, predictor=greedy, max_frames=frames, tts_pad_id=151671, watchdog=None, seed=0
     )
     return np.asarray(list(generate(backend, prompt, lp)), dtype=np.int64)
 
 
 def test_fp32_bundle_layout_and_manifest(fp32_bundle, snapshot):
+    from qtts.bundle import fingerprint
     from qtts.export.onnx import checkpoint_hash
     from qtts.plan import load_plan
 
     plan = load_plan(os.path.join(fp32_bundle, "plan.json"))
-    for name in ("talker", "code_predictor", "speech_decoder"):
+    for name in ("talker", "predictor", "vocoder"):
         assert plan.get(name).impl == "onnx"
         assert os.path.isfile(plan.get(name).artifact("main"))
-    assert os.path.isfile(plan.get("speech_decoder").artifact("first"))
+    assert os.path.isfile(plan.get("vocoder").artifact("first"))
     with open(os.path.join(fp32_bundle, "manifest.json"), encoding="utf-8") as fh:
         manifest = json.load(fh)
     assert manifest["source"]["checkpoint_sha256"] == checkpoint_hash(snapshot)
+    assert manifest["source"]["fingerprint"] == fingerprint(snapshot)
     assert manifest["opset"] == 17
-    assert manifest["precision"] == {"talker": "fp32", "code_predictor": "fp32", "speech_decoder": "fp32"}
+    assert manifest["precision"] == {"talker": "fp32", "predictor": "fp32", "vocoder": "fp32"}
 
 
 def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
@@ -92,22 +94,41 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 
 
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
-    """The in-graph sampler picks what qtts.sampling picks for the same uniforms."""
-    from qtts.backends.base import sample_residuals
-    from qtts.options import SamplingParams
+    """The in-graph sampler of the fused ONNX predictor picks what qtts.sampling picks for the same
+    uniforms: the expected codes come from the torch predictor's logits, step by step, through
+    ``run_predictor_steps`` (qtts.sampling), not from a backend."""
+    import torch
 
-    ref, test = _backends(snapshot, fp32_bundle)
+    from qtts.backends.base import run_predictor_steps
+    from qtts.options import SamplingParams
+    from qtts.weights import load_checkpoint
+
+    talker = load_checkpoint(snapshot, components=("talker",)).model.talker
+    cp = talker.code_predictor
+    _, test = _backends(snapshot, fp32_bundle)
     rng = np.random.default_rng(3)
     hidden = rng.standard_normal(test.hidden_size).astype(np.float32)
+    state = {}
+
+    @torch.no_grad()
+    def step_logits(j: int, code: int) -> np.ndarray:
+        ids = torch.tensor([[code]])
+        if j == 0:
+            x, pos, state["cache"] = torch.cat([torch.from_numpy(hidden)[None, None], talker.embed_codec(ids)], 1), 0, cp.new_cache(17)
+        else:
+            x, pos = cp.embed(j - 1, ids), j + 1
+        out, state["cache"] = cp(x, pos, state["cache"])
+        return cp.head(j, out[0, -1]).numpy()
+
+    greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     for top_k, top_p in ((50, 1.0), (0, 0.8), (7, 0.5)):
         params = SamplingParams(
             do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
         )
         u = rng.random(15)
-        np.testing.assert_array_equal(
-            ref.predict_frame(hidden, 17, params, u), test.predict_frame(hidden, 17, params, u)
-        )
-    assert callable(sample_residuals)
+        want = run_predictor_steps(step_logits, 17, params, u)
+        np.testing.assert_array_equal(test.predict_frame(hidden, 17, params, u), want)
+        assert not np.array_equal(want, run_predictor_steps(step_logits, 17, greedy, u))  # sampling mattered
 
 
 def test_verify_plan_fp32_gates_pass(fp32_bundle, snapshot, tmp_path):
@@ -131,7 +152,7 @@ def test_quantized_bundles_run(snapshot, quantized_bundles, precision):
     out = quantized_bundles[precision]
     with open(os.path.join(out, "plan.json"), encoding="utf-8") as fh:
         plan = json.load(fh)
-    assert plan["talker"]["precision"] == plan["code_predictor"]["precision"] == precision
+    assert plan["talker"]["precision"] == plan["predictor"]["precision"] == precision
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as fh:
         q = json.load(fh)["graphs"]["talker"]["quantization"]
     assert (
@@ -147,14 +168,14 @@ def test_quantized_bundles_run(snapshot, quantized_bundles, precision):
 
 def test_step_mode_predictor_equals_torch(snapshot, tmp_path):
     out = str(tmp_path / "step")
-    _export(snapshot, out, "--predictor-mode", "step", "--components", "talker", "code_predictor")
+    _export(snapshot, out, "--predictor-mode", "step", "--components", "talker", "predictor")
     ref, test = _backends(snapshot, out)
     np.testing.assert_array_equal(_greedy_codes(ref, 6, seed=1), _greedy_codes(test, 6, seed=1))
 
 
 def test_export_is_deterministic(snapshot, quantized_bundles, tmp_path):
     a, b = quantized_bundles["int4"], str(tmp_path / "again")
-    _export(snapshot, b, "--weights", "int4", "--components", "talker", "code_predictor")
+    _export(snapshot, b, "--weights", "int4", "--components", "talker", "predictor")
     names = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a) for f in fs)
     assert names == sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b) for f in fs)
     match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
@@ -163,7 +184,7 @@ def test_export_is_deterministic(snapshot, quantized_bundles, tmp_path):
 
 def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
     from qtts.backends.onnx import OnnxSpeakerEncoder
-    from qtts.model.speaker import embed
+    from qtts.backends.torch import TorchSpeakerEncoder
     from qtts.weights import load_checkpoint
 
     snapshot = tiny_snapshot(kind="base")
@@ -173,7 +194,7 @@ def test_speaker_encoder_onnx_matches_torch(tiny_snapshot, tmp_path):
     rng = np.random.default_rng(0)
     for n in (24000 * 2, 24000 * 3 + 517):  # the frame axis is dynamic
         wav = (0.3 * np.sin(np.arange(n) * 0.05) + 0.05 * rng.standard_normal(n)).astype(np.float32)
-        ref = embed(ckpt.model.speaker_encoder, wav)
+        ref = TorchSpeakerEncoder(ckpt.model.speaker_encoder).embed(wav)
         np.testing.assert_allclose(enc.embed(wav), ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
     # the runtime uses the exported encoder when the plan names it (create_voice without torch's encoder)
     import qtts

@@ -1,6 +1,6 @@
 """Greedy code parity with the official ``Qwen3TTSForConditionalGeneration.generate``.
 
-Our path: Runtime (tokenizer + prompt builder + torch backend) -> the numpy loop. Theirs: the
+Our path: Components (tokenizer + torch backend) + the prompt builder -> the numpy loop. Theirs: the
 official model loaded from the same tiny random checkpoint, fed the same ids the official
 wrapper builds, the same speaker vector and the same reference codes. All 16 codebooks of
 every frame must be equal, for >= 40 frames, in every mode, layout and text mode.
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from qtts.backends import Components
+from qtts.backends import open as open_components
 from qtts.generate import LoopParams, generate
 from qtts.options import SynthesisOptions
-from qtts.runtime import Runtime
-from qtts.synthesis_modes import resolve
+from qtts.prompt import build_prompt, resolve_mode
 from qtts.voice import Voice
 
 FRAMES = 42
@@ -49,13 +50,13 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def _ours(rt: Runtime, text, voice, kwargs, language, non_streaming):
-    opts = SynthesisOptions(greedy=True, non_streaming_text=non_streaming).resolve(rt.config.generation)
-    mode = resolve(rt.config, voice, kwargs.get("speaker"), kwargs.get("instruct"), language)
-    prompt, _ = rt.build_prompt(text, mode, voice, opts)
-    lp = LoopParams(talker=opts.talker, residual=opts.subtalker, max_frames=FRAMES,
-                    tts_pad_id=rt.config.tts_pad_token_id, watchdog=None)
-    gen = generate(rt.backend, prompt, lp, speaker=voice.speaker if mode.xvector else None)
+def _ours(parts: Components, text, voice, kwargs, language, non_streaming):
+    opts = SynthesisOptions(greedy=True, non_streaming_text=non_streaming).resolve(parts.config.generation)
+    mode = resolve_mode(parts.config, voice, kwargs.get("speaker"), kwargs.get("instruct"), language)
+    prompt = build_prompt(parts.config, parts.tokenizer, text, mode, opts.non_streaming_text)
+    lp = LoopParams(talker=opts.talker, predictor=opts.predictor, max_frames=FRAMES,
+                    tts_pad_id=parts.config.tts_pad_token_id, watchdog=None)
+    gen = generate(parts.backend, prompt, lp, speaker=mode.xvector)
     codes = np.array(list(gen)).reshape(-1, 16)
     return codes, gen.finish_reason
 
@@ -86,16 +87,16 @@ def _theirs(official, text, voice, kwargs, language, non_streaming):
 def test_greedy_codes_equal_official(case, tiny_snapshot, official_tts):
     kind, layout, kwargs, language, non_streaming, ref_frames, text = CASES[case]
     path = tiny_snapshot(kind=kind, layout=layout)
-    rt = Runtime.open(path, threads=1)
+    parts = open_components(path, threads=1)
     voice = None
     if kind == "base":
         rng = np.random.default_rng(len(case))
-        hidden = rt.config.talker.hidden_size
+        hidden = parts.config.talker.hidden_size
         codes = rng.integers(0, 2048, (ref_frames, 16)) if ref_frames else None
         voice = Voice(rng.standard_normal(hidden).astype(np.float32), ref_codes=codes,
                       ref_text="This is the reference transcript." if ref_frames else None,
-                      model_size=rt.config.tts_model_size)
-    ours, reason = _ours(rt, text, voice, kwargs, language, non_streaming)
+                      model_size=parts.config.tts_model_size)
+    ours, reason = _ours(parts, text, voice, kwargs, language, non_streaming)
     theirs = _theirs(official_tts(path), text, voice, kwargs, language, non_streaming)
     assert len(theirs) >= 40, f"official stopped after {len(theirs)} frames; pick another input"
     assert ours.shape == theirs.shape

@@ -27,37 +27,51 @@ def _write(d, data) -> str:
 def test_valid_plan_resolves_relative_paths(plan_dir):
     path = _write(plan_dir, {
         "version": 1,
-        "speech_decoder": {"impl": "onnx", "artifacts": {"main": "art/voc16.onnx", "first": "art/voc2.onnx"},
-                           "options": {"threads": 2}},
+        "vocoder": {"impl": "onnx", "artifacts": {"main": "art/voc16.onnx", "first": "art/voc2.onnx"},
+                    "options": {"threads": 2}},
         "talker": {"impl": "onnx", "artifacts": {"main": str(plan_dir / "art" / "talker.onnx")}, "precision": "int8"},
     })  # fmt: skip
     plan = load_plan(path)
-    dec = plan.get("speech_decoder")
+    dec = plan.get("vocoder")
     assert dec.impl == "onnx" and dec.artifact("main") == str(plan_dir / "art" / "voc16.onnx")
     assert dec.artifact("first") == str(plan_dir / "art" / "voc2.onnx") and dec.options["threads"] == 2
     assert plan.get("talker").precision == "int8"
-    assert plan.impl("code_predictor") == "torch"  # unnamed components run on torch
+    assert plan.impl("predictor") == "torch"  # unnamed components run on torch
     assert plan.path == str(plan_dir / "plan.json")
     again = parse_plan(plan.to_dict(), "/")
-    assert again.get("speech_decoder").artifacts == dec.artifacts
+    assert again.get("vocoder").artifacts == dec.artifacts
+
+
+def test_legacy_component_names_still_load(plan_dir):
+    """Plans written before the rename: code_predictor -> predictor, speech_decoder -> vocoder."""
+    plan = load_plan(_write(plan_dir, {
+        "code_predictor": {"impl": "torch"},
+        "speech_decoder": {"impl": "onnx", "artifacts": {"main": "art/voc16.onnx"}},
+    }))  # fmt: skip
+    assert set(plan.components) == {"predictor", "vocoder"}
+    assert plan.get("vocoder").artifact("main") == str(plan_dir / "art" / "voc16.onnx")
+    assert "code_predictor" not in plan.to_dict()  # written back under today's names
+    both = {"vocoder": {"impl": "torch"}, "speech_decoder": {"impl": "torch"}}
+    with pytest.raises(InputError, match="name the same component"):
+        load_plan(_write(plan_dir, both))
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ([1, 2], "JSON object"),
-        ({"vocoder": {"impl": "onnx"}}, "unknown component 'vocoder'"),
+        ({"decoder": {"impl": "onnx"}}, "unknown component 'decoder'"),
         (
-            {"speech_decoder": {"impl": "tensorrt", "artifacts": {"main": "art/voc16.onnx"}}},
+            {"vocoder": {"impl": "tensorrt", "artifacts": {"main": "art/voc16.onnx"}}},
             "'impl' must be one of",
         ),
-        ({"speech_decoder": {"impl": "onnx"}}, "needs artifacts.main"),
-        ({"speech_decoder": {"impl": "onnx", "artifacts": {"main": "art/none.onnx"}}}, "not found"),
-        ({"speech_decoder": {"impl": "onnx", "artifacts": ["art/voc16.onnx"]}}, "'artifacts' must map"),
-        ({"speech_decoder": {"impl": "onnx", "artifacts": {"main": 3}}}, "'artifacts' must map"),
-        ({"speech_decoder": {"impl": "torch", "options": [1]}}, "'options' must be an object"),
-        ({"speech_decoder": {"impl": "torch", "device": "npu"}}, "unknown keys"),
-        ({"speech_decoder": "onnx"}, "expected an object"),
+        ({"vocoder": {"impl": "onnx"}}, "needs artifacts.main"),
+        ({"vocoder": {"impl": "onnx", "artifacts": {"main": "art/none.onnx"}}}, "not found"),
+        ({"vocoder": {"impl": "onnx", "artifacts": ["art/voc16.onnx"]}}, "'artifacts' must map"),
+        ({"vocoder": {"impl": "onnx", "artifacts": {"main": 3}}}, "'artifacts' must map"),
+        ({"vocoder": {"impl": "torch", "options": [1]}}, "'options' must be an object"),
+        ({"vocoder": {"impl": "torch", "device": "npu"}}, "unknown keys"),
+        ({"vocoder": "onnx"}, "expected an object"),
         ({"version": 7}, "unsupported plan version"),
     ],
 )
@@ -79,6 +93,6 @@ def test_defaults_and_snippet(plan_dir):
     empty = load_plan(None)
     assert isinstance(empty, Plan) and all(empty.impl(c) == "torch" for c in COMPONENTS)
     with pytest.raises(InputError, match="unknown component"):
-        empty.get("vocoder")
-    snippet = json.loads(plan_snippet("speech_decoder", "rknn", {"main": "v.rknn"}))
-    assert snippet == {"speech_decoder": {"impl": "rknn", "artifacts": {"main": "v.rknn"}}}
+        empty.get("speech_decoder")  # only today's names inside qtts
+    snippet = json.loads(plan_snippet("vocoder", "rknn", {"main": "v.rknn"}))
+    assert snippet == {"vocoder": {"impl": "rknn", "artifacts": {"main": "v.rknn"}}}

@@ -13,7 +13,8 @@ import pytest
 from qtts.config import ModelConfig
 from qtts.errors import InputError
 from qtts.frontend import TextTokenizer
-from qtts.prompt import build_prompt
+from qtts.prompt import Mode, build_prompt, resolve_language, resolve_mode
+from qtts.voice import Voice
 
 TEXT = "Hello world, this is a tiny test."
 TEXT_ZH = "你好，世界！今天天气很好。"
@@ -133,9 +134,9 @@ def test_voice_clone_prompt(setup, monkeypatch, layout, language, frames, non_st
     item, spk, code = _clone_item(official.qwen_tts(), tts, frames, seed=frames + 7)
     got = capture(monkeypatch, tts, lambda: tts.generate_voice_clone(
         text=text, language=language, voice_clone_prompt=[item], non_streaming_mode=non_streaming))
-    prompt = build_prompt(config, tok, text, language=language, ref_text=item.ref_text,
-                          ref_codes=None if code is None else code.numpy(), has_speaker_vector=True,
-                          non_streaming_text=non_streaming)
+    mode = Mode("icl" if frames else "xvector", resolve_language(config, language), xvector=spk.numpy(),
+                ref_text=item.ref_text, ref_codes=None if code is None else code.numpy())
+    prompt = build_prompt(config, tok, text, mode, non_streaming_text=non_streaming)
     assert prompt.mode == ("icl" if frames else "xvector")
     assert_same(got, embed(tts, prompt, spk))
 
@@ -162,9 +163,11 @@ def test_custom_voice_prompt(setup, monkeypatch, caplog, layout, speaker, langua
     text = TEXT_ZH if language == "chinese" else TEXT
     got = capture(monkeypatch, tts, lambda: tts.generate_custom_voice(
         text=text, speaker=speaker, language=language, instruct=instruct, non_streaming_mode=non_streaming))
+    # the official wrapper's rules, not resolve_mode's: no speaker is allowed, 0.6B drops instruct
+    mode = Mode("custom_voice", resolve_language(config, language), speaker=speaker.lower() or None,
+                instruct=instruct or None)
     with caplog.at_level(logging.WARNING, logger="qtts.prompt"):
-        prompt = build_prompt(config, tok, text, language=language, speaker=speaker, instruct=instruct,
-                              non_streaming_text=non_streaming)
+        prompt = build_prompt(config, tok, text, mode, non_streaming_text=non_streaming)
     assert ("does not support instruct" in caplog.text) == bool(instruct and layout == "0.6b")
     assert prompt.speaker_pos == -1 and prompt.speaker == (speaker.lower() or None)
     assert_same(got, embed(tts, prompt))
@@ -181,8 +184,8 @@ def test_voice_design_prompt(setup, monkeypatch, language, instruct, non_streami
     tts, config, tok = setup("voice_design", "1.7b")
     got = capture(monkeypatch, tts, lambda: tts.generate_voice_design(
         text=TEXT, instruct=instruct, language=language, non_streaming_mode=non_streaming))
-    prompt = build_prompt(config, tok, TEXT, language=language, instruct=instruct,
-                          non_streaming_text=non_streaming)
+    mode = Mode("voice_design", resolve_language(config, language), instruct=instruct or None)
+    prompt = build_prompt(config, tok, TEXT, mode, non_streaming_text=non_streaming)
     assert prompt.mode == "voice_design" and prompt.speaker_pos == -1
     assert_same(got, embed(tts, prompt))
 
@@ -194,7 +197,7 @@ def test_dialect_language_through_model_generate(setup, monkeypatch):
     ids = tts._tokenize_texts([tts._build_assistant_text(TEXT_ZH)])
     got = capture(monkeypatch, tts, lambda: tts.model.generate(
         input_ids=ids, languages=["beijing_dialect"], speakers=["eric"], non_streaming_mode=False))
-    prompt = build_prompt(config, tok, TEXT_ZH, language="beijing_dialect", speaker="eric",
+    prompt = build_prompt(config, tok, TEXT_ZH, Mode("custom_voice", "beijing_dialect", speaker="eric"),
                           non_streaming_text=False)
     assert_same(got, embed(tts, prompt))
 
@@ -202,66 +205,78 @@ def test_dialect_language_through_model_generate(setup, monkeypatch):
 def test_wrapper_defaults_and_layout(tiny_snapshot):
     path = tiny_snapshot(kind="base")
     config, tok = ModelConfig.from_dir(path), TextTokenizer.from_dir(path)
-    p = build_prompt(config, tok, TEXT, language="english")
+    voice = Voice(np.zeros(config.talker.hidden_size, np.float32), model_size=config.tts_model_size)
+    p = build_prompt(config, tok, TEXT, resolve_mode(config, voice, language="english"))
     assert p.mode == "xvector" and not p.non_streaming_text and p.speaker_pos == 7
     assert [r[:2] for r in p.rows()] == [
         (151644, -1), (77091, -1), (198, -1), (151671, 2154), (151671, 2156), (151671, 2050),
         (151671, 2157), (151671, -1), (151672, 2148), (9707, 2149)]
     assert p.trailing_text_ids.tolist() == [1879, 11, 419, 374, 264, 13673, 1273, 13, 151673]
     assert p.text_token_count == 9
-    assert build_prompt(config, tok, TEXT, language="english", non_streaming_text=True).length == 20
-    icl = build_prompt(config, tok, TEXT, language="english", ref_text="This is the reference transcript.",
-                       ref_codes=np.zeros((38, 16), np.int64))
+    assert build_prompt(config, tok, TEXT, Mode("xvector", "english", xvector=voice.speaker),
+                        non_streaming_text=True).length == 20
+    clone = Voice(voice.speaker, ref_codes=np.zeros((38, 16), np.int64), ref_text="This is the reference transcript.",
+                  model_size=config.tts_model_size)
+    icl = build_prompt(config, tok, TEXT, resolve_mode(config, clone, language="english"))
     assert icl.mode == "icl" and icl.length == 48 and icl.trailing_text_ids.tolist() == [151671]
     assert icl.icl_frame.tolist()[-38:] == list(range(38))
-    bare = build_prompt(config, tok, TEXT, language="english", has_speaker_vector=False, non_streaming_text=True)
+    bare = build_prompt(config, tok, TEXT, Mode("xvector", "english"), non_streaming_text=True)  # no vector
     assert bare.speaker_pos == -1 and bare.non_streaming_text and bare.length == 19
 
 
+def _voice(config, codes=None, text=None, dims=None):
+    dims = dims or config.talker.hidden_size
+    return Voice(np.ones(dims, np.float32), ref_codes=codes, ref_text=text, model_size=config.tts_model_size)
+
+
 @pytest.mark.parametrize("kind,layout,kwargs,match", [
-    ("base", "0.6b", {"speaker": "ryan"}, "CustomVoice"),
-    ("base", "0.6b", {"instruct": "calm"}, "VoiceDesign"),
-    ("base", "0.6b", {"mode": "voice_design"}, "xvector, icl"),
-    ("base", "0.6b", {"mode": "singing"}, "valid: xvector"),
-    ("base", "0.6b", {"language": "klingon"}, "valid: auto, chinese, english"),
-    ("base", "0.6b", {"language": "beijing_dialect"}, "unknown language"),
-    ("base", "0.6b", {"mode": "icl", "ref_codes": np.zeros((4, 16), np.int64)}, "ref_text"),
-    ("base", "0.6b", {"mode": "icl", "ref_text": "hi"}, "needs ref_codes"),
-    ("base", "0.6b", {"ref_text": "hi", "ref_codes": np.zeros((4, 8), np.int64)}, "shape"),
-    ("base", "0.6b", {"ref_text": "hi", "ref_codes": np.full((4, 16), 2048)}, r"\[0, 2048\)"),
+    ("base", "0.6b", {"voice": {}, "speaker": "ryan"}, "CustomVoice"),
+    ("base", "0.6b", {"voice": {}, "instruct": "calm"}, "VoiceDesign"),
+    ("base", "0.6b", {}, "needs one; this base 0b6 checkpoint takes voice="),
+    ("base", "0.6b", {"voice": {"dims": 5}}, "5-dim speaker vector"),
+    ("base", "0.6b", {"voice": {}, "language": "klingon"}, "valid: auto, chinese, english"),
+    ("base", "0.6b", {"voice": {}, "language": "beijing_dialect"}, "unknown language"),
+    ("base", "0.6b", {"voice": {"text": "hi", "codes": np.zeros((4, 8), np.int64)}}, "shape"),
+    ("base", "0.6b", {"voice": {"text": "hi", "codes": np.full((4, 16), 2048)}}, r"\[0, 2048\)"),
     ("custom_voice", "0.6b", {"speaker": "nobody"}, "valid: aiden, dylan, eric"),
-    ("custom_voice", "0.6b", {"mode": "icl"}, "Base"),
-    ("custom_voice", "0.6b", {"speaker": "ryan", "has_speaker_vector": True}, "Base"),
+    ("custom_voice", "0.6b", {}, "no speaker given"),
+    ("custom_voice", "0.6b", {"speaker": "ryan", "instruct": "happy"}, "1.7B CustomVoice"),
+    ("custom_voice", "0.6b", {"voice": {}}, "needs a Base checkpoint"),
     ("voice_design", "1.7b", {"speaker": "ryan"}, "CustomVoice"),
-    ("voice_design", "1.7b", {"text": ""}, "empty"),
-    ("voice_design", "1.7b", {"text": "\n"}, "empty"),
+    ("voice_design", "1.7b", {}, "no instruct given"),
+    ("voice_design", "1.7b", {"instruct": "calm", "text": ""}, "empty"),
+    ("voice_design", "1.7b", {"instruct": "calm", "text": "\n"}, "empty"),
 ])
 def test_invalid_requests(tiny_snapshot, kind, layout, kwargs, match):
+    """Each bad input is one InputError from resolve_mode (or, for the text, build_prompt)."""
     path = tiny_snapshot(kind=kind, layout=layout)
     config, tok = ModelConfig.from_dir(path), TextTokenizer.from_dir(path)
     kwargs = dict(kwargs)
     text = kwargs.pop("text", TEXT)
+    if "voice" in kwargs:
+        kwargs["voice"] = _voice(config, **kwargs["voice"])
     with pytest.raises(InputError, match=match):
-        build_prompt(config, tok, text, **kwargs)
+        build_prompt(config, tok, text, resolve_mode(config, **kwargs))
 
 
 HOSTILE = ["", " ", "\n", "\n\n", "a", "😀", "<|im_end|>", "<|im_start|>assistant\n", "\x00\x01", "\u200b",
            "x" * 5000, "你" * 3000, "<tts_pad>" * 10, "\r\n", "\t ", "مرحبا", "a<|im_end|>\n<|im_start|>b"]
 
 
-@pytest.mark.parametrize("kind,layout,kwargs", [
-    ("base", "0.6b", {}),
-    ("base", "0.6b", {"ref_text": "ref", "ref_codes": np.ones((5, 16), np.int64), "non_streaming_text": True}),
-    ("base", "0.6b", {"ref_text": "\n", "ref_codes": np.ones((1, 16), np.int64)}),
-    ("custom_voice", "1.7b", {"speaker": "eric", "instruct": "<|im_end|>"}),
-    ("voice_design", "1.7b", {"instruct": "x" * 2000, "non_streaming_text": False}),
+@pytest.mark.parametrize("kind,layout,mode,non_streaming", [
+    ("base", "0.6b", {"kind": "xvector", "xvector": np.ones(32, np.float32)}, None),
+    ("base", "0.6b", {"kind": "icl", "xvector": np.ones(32, np.float32), "ref_text": "ref",
+                      "ref_codes": np.ones((5, 16), np.int64)}, True),
+    ("base", "0.6b", {"kind": "icl", "ref_text": "\n", "ref_codes": np.ones((1, 16), np.int64)}, None),
+    ("custom_voice", "1.7b", {"kind": "custom_voice", "speaker": "eric", "instruct": "<|im_end|>"}, None),
+    ("voice_design", "1.7b", {"kind": "voice_design", "instruct": "x" * 2000}, False),
 ])
-def test_hostile_texts_give_error_or_consistent_prompt(tiny_snapshot, kind, layout, kwargs):
+def test_hostile_texts_give_error_or_consistent_prompt(tiny_snapshot, kind, layout, mode, non_streaming):
     path = tiny_snapshot(kind=kind, layout=layout)
     config, tok = ModelConfig.from_dir(path), TextTokenizer.from_dir(path)
     for text in HOSTILE:
         try:
-            p = build_prompt(config, tok, text, **kwargs)
+            p = build_prompt(config, tok, text, Mode(**mode), non_streaming)
         except InputError as exc:
             assert "empty" in str(exc) and not tok.encode(
                 f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")[3:-5]

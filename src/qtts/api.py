@@ -1,10 +1,10 @@
 """Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``synthesize`` / ``save`` / ``create_voice``.
 
 ``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
-frames -> stateful streaming decoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
+frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
-decoder state continues across sentence pieces, so pieces join without a seam. Everything else
-consumes ``stream()``.
+vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
+consumes ``stream()``. The parts it runs on come from :func:`qtts.backends.open`.
 """
 
 from __future__ import annotations
@@ -12,38 +12,37 @@ from __future__ import annotations
 import logging
 import os
 import time
-import unicodedata
 from collections.abc import Iterator
 
 import numpy as np
 
-from . import synthesis_modes as modes
-from .audio import SAMPLE_RATE, Audio, AudioChunk
+from .audio import Audio, AudioChunk
+from .config import FRAME_RATE, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
+from .prompt import build_prompt, clean_text, resolve_mode, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
 log = logging.getLogger(__name__)
 
-SAMPLES_PER_FRAME = 1920
-FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME
-MAX_TEXT_CHARS = 50_000
-
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None) -> TTS:
-    """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component."""
-    from .runtime import Runtime
+    """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
 
-    return TTS(Runtime.open(model, plan=plan, dtype=dtype, threads=threads, backend=backend))
+    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`).
+    """
+    from .backends import open as open_components
+
+    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend))
 
 
 class TTS:
-    """A loaded Qwen3-TTS model; see :attr:`thread_safe` for concurrent calls."""
+    """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`."""
 
-    def __init__(self, runtime):
-        self.runtime = runtime
-        self.config = runtime.config
+    def __init__(self, components):
+        self.components = components
+        self.config = components.config
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -70,10 +69,10 @@ class TTS:
     def thread_safe(self) -> bool:
         """True when concurrent ``stream()`` calls from several threads are safe on this object.
 
-        Per-call state (talker KV, decoder state, random generator) lives in each call; the
+        Per-call state (talker KV, vocoder state, random generator) lives in each call; the
         backend decides the rest by declaring ``thread_safe = True`` (the torch backend does).
         """
-        return bool(getattr(self.runtime.backend, "thread_safe", False))
+        return self.components.thread_safe
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,
@@ -87,9 +86,14 @@ class TTS:
         options = (options or SynthesisOptions()).resolve(self.config.generation)
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.load(os.fspath(voice))
-        mode = modes.resolve(self.config, voice, speaker, instruct, language or options.language)
+        mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        return self._stream(pieces, mode, voice, options)
+        chunks = self._stream(pieces, mode, options)
+        if options.speed != 1.0:
+            from .stretch import stretch_chunks
+
+            chunks = stretch_chunks(chunks, options.speed)
+        return chunks
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`)."""
@@ -99,7 +103,7 @@ class TTS:
         return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
-        """Synthesize and write a 16-bit WAV atomically."""
+        """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
         audio = self.synthesize(text, **kwargs)
         audio.save(path)
         return audio
@@ -114,16 +118,16 @@ class TTS:
         if self.model_type != "base":
             raise InputError(
                 f"voice cloning needs a Base checkpoint; this one is '{self.model_type}' "
-                f"(valid here: {modes.valid_conditioning(self.config)})"
+                f"(valid here: {valid_conditioning(self.config)})"
             )
         if not 0.0 <= float(trailing_silence) <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {trailing_silence}")
         wav = load_reference_audio(ref_audio, sample_rate)
-        speaker = self.runtime.speaker_embedding(wav)
+        speaker = self.components.speaker_encoder.embed(wav)
         codes = None
         if ref_text is not None:
             ref_text = clean_text(ref_text, what="ref_text")
-            codes = self.runtime.encode_codes(add_trailing_silence(wav, trailing_silence))
+            codes = self.components.speech_encoder.encode(add_trailing_silence(wav, trailing_silence))
         return Voice(speaker, ref_codes=codes, ref_text=ref_text, model_type=self.model_type,
                      model_size=self.model_size, name=name)
 
@@ -140,25 +144,23 @@ class TTS:
         cap = int(self.config.generation.max_new_tokens)
         max_frames = options.max_frames or frame_budget(num_ids, cap=cap)
         seed = None if options.seed is None else int(options.seed) + index
-        return LoopParams(
-            talker=options.talker, residual=options.subtalker, max_frames=int(max_frames),
-            tts_pad_id=self.config.tts_pad_token_id, eos_id=self.config.talker.codec_eos_token_id,
-            suppress_from=self.config.talker.vocab_size - 1024, seed=seed,
+        return LoopParams.for_config(
+            self.config, options.talker, options.predictor, max_frames, seed=seed,
             watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
-        )
+        )  # fmt: skip
 
-    def _stream(self, pieces, mode, voice, options) -> Iterator[AudioChunk]:
-        rt = self.runtime
+    def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
+        parts = self.components
         t0 = time.perf_counter()
-        decoder = rt.new_decoder()
+        vocoder = parts.vocoder.stream()
         if mode.icl:
-            decoder.decode(voice.ref_codes)  # prime the decoder state; the reference audio is discarded
+            vocoder.decode(mode.ref_codes)  # prime the vocoder state; the reference audio is discarded
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
-        chunker = _Chunker(decoder, options.first_chunk_frames, options.chunk_frames)
+        chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
         for index, piece in enumerate(pieces):
-            prompt, n_ids = rt.build_prompt(piece, mode, voice, options)
-            gen = generate(rt.backend, prompt, self._loop_params(n_ids, options, index),
-                           speaker=voice.speaker if mode.xvector else None)
+            prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
+            gen = generate(parts.backend, prompt, self._loop_params(prompt.text_token_count, options, index),
+                           speaker=mode.xvector)
             frames = iter(gen)
             try:
                 for codes in frames:
@@ -193,8 +195,8 @@ def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> Au
 class _Chunker:
     """Groups frames: a first chunk of ``first`` frames, then chunks of ``size`` frames."""
 
-    def __init__(self, decoder, first: int, size: int):
-        self.decoder, self.first, self.size = decoder, first, size
+    def __init__(self, vocoder, first: int, size: int):
+        self.vocoder, self.first, self.size = vocoder, first, size
         self.pending: list[np.ndarray] = []
         self.start = 0
         self.emitted = 0
@@ -210,7 +212,7 @@ class _Chunker:
     def _emit(self) -> AudioChunk:
         n = len(self.pending)
         if n:
-            samples = np.asarray(self.decoder.decode(np.stack(self.pending)), dtype=np.float32)
+            samples = np.asarray(self.vocoder.decode(np.stack(self.pending)), dtype=np.float32)
         else:
             samples = np.zeros(0, dtype=np.float32)
         chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n)
@@ -227,16 +229,3 @@ def worst_reason(reasons: list[str | None]) -> str:
             return r
     return "eos"
 
-
-def clean_text(text, what: str = "text") -> str:
-    """NFC, control characters (except newline/tab) removed, stripped; empty -> InputError."""
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be a string, got {type(text).__name__}")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InputError(f"{what} has {len(text)} characters; the limit is {MAX_TEXT_CHARS} per call (split it)")
-    text = unicodedata.normalize("NFC", text)
-    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
-    text = text.strip()
-    if not text:
-        raise InputError(f"{what} is empty (after removing whitespace and control characters)")
-    return text

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .config import SAMPLE_RATE
+
 log = logging.getLogger(__name__)
 
-FRAME_S = 1920 / 24000
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank today."
 
 
@@ -82,17 +83,14 @@ def rss_mb() -> float:
         return peak_rss_mb()
 
 
-def _loop_params(rt, frames: int, seed: int):
+def _loop_params(config, frames: int, seed: int):
+    """The checkpoint's sampling defaults with EOS blocked for ``frames`` frames."""
     from .generate import LoopParams
     from .options import SynthesisOptions
 
-    opts = SynthesisOptions().resolve(rt.config.generation)
-    cfg = rt.config
-    return LoopParams(
-        talker=opts.talker, residual=opts.subtalker, max_frames=frames, tts_pad_id=cfg.tts_pad_token_id,
-        eos_id=cfg.talker.codec_eos_token_id, suppress_from=cfg.talker.vocab_size - 1024,
-        min_frames=frames, seed=seed, watchdog=None,
-    )  # fmt: skip
+    opts = SynthesisOptions().resolve(config.generation)
+    return LoopParams.for_config(config, opts.talker, opts.predictor, frames, min_frames=frames, seed=seed,
+                                 watchdog=None)  # fmt: skip
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -114,12 +112,11 @@ def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
     return max(0.0, busy / hz / max(seconds, 1e-9))
 
 
-def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
+def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
     from .generate import generate
 
-    backend = _Timed(rt.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
-    decoder = _Timed(rt.new_decoder(), ("decode",))
-    decoder.reset()
+    backend = _Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
+    decoder = _Timed(parts.vocoder.stream(), ("decode",))
     pending, n, ttfa, samples = [], 0, None, 0
     jiffies = _busy_jiffies()
     t0 = time.perf_counter()
@@ -138,7 +135,7 @@ def _one_run(rt, prompt, speaker, lp, opts: BenchOptions) -> dict:
     per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
     accounted = sum(bt.values()) + dt.get("decode", 0.0)
     return {
-        "frames": n, "audio_s": samples / 24000.0, "total_s": total, "foreign_cores": foreign, "ttfa_ms": 1000.0 * (ttfa or total),
+        "frames": n, "audio_s": samples / SAMPLE_RATE, "total_s": total, "foreign_cores": foreign, "ttfa_ms": 1000.0 * (ttfa or total),
         "prefill_ms": 1000.0 * bt.get("prefill", 0.0), "talker_ms": per(bt.get("talker", 0.0)),
         "predictor_ms": per(bt.get("predict_frame", 0.0)), "vocoder_ms": per(dt.get("decode", 0.0)),
         "other_ms": per(total - accounted + sum(bt.get(k, 0.0) for k in ("text_embeds", "codec_embeds", "frame_embeds"))),
@@ -157,16 +154,16 @@ def _median(runs: list) -> dict:
 
 def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -> dict:
     """Benchmark one plan (None = torch fp32) on ``model``; returns medians and settings."""
-    from .runtime import Runtime
-    from .verify import _prompt
+    from .backends import open as open_components
+    from .verify import reference_prompt
 
     t0 = time.perf_counter()
-    rt = Runtime.open(model, plan=plan, threads=opts.threads)
-    prompt, speaker = _prompt(rt, opts.text)
+    parts = open_components(model, plan=plan, threads=opts.threads)
+    prompt, speaker = reference_prompt(parts, opts.text)
     load_s = time.perf_counter() - t0
-    _one_run(rt, prompt, speaker, _loop_params(rt, 4, opts.seed), opts)  # warm-up (sessions, caches)
-    lp = _loop_params(rt, opts.frames, opts.seed)
-    runs = [_one_run(rt, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
+    _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)  # warm-up (sessions, caches)
+    lp = _loop_params(parts.config, opts.frames, opts.seed)
+    runs = [_one_run(parts, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
     result = _median(runs)
     result.update(label=label or (str(plan) if plan else "torch fp32"), load_s=load_s)
     result.update(rss_mb=rss_mb(), peak_rss_mb=peak_rss_mb())
@@ -220,9 +217,9 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
     gen, total = float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs]))
     frames, samples = runs[0][2], runs[0][3]
     return {
-        "label": "official qwen-tts fp32", "frames": frames, "audio_s": samples / 24000.0, "total_s": total,
+        "label": "official qwen-tts fp32", "frames": frames, "audio_s": samples / SAMPLE_RATE, "total_s": total,
         "generate_ms": 1000.0 * gen / frames, "vocoder_ms": 1000.0 * (total - gen) / frames,
-        "rtf": total / (samples / 24000.0), "frames_per_s": frames / total, "ttfa_ms": 1000.0 * total,
+        "rtf": total / (samples / SAMPLE_RATE), "frames_per_s": frames / total, "ttfa_ms": 1000.0 * total,
         "load_s": load_s, "runs_total_s": [round(r[1], 3) for r in runs], "loadavg": _loadavg(),
         "runs_foreign_cores": [round(r[4], 2) for r in runs], "min_total_s": min(r[1] for r in runs),
     }  # fmt: skip

@@ -23,6 +23,16 @@ from typing import Any
 
 from .errors import ConfigError
 
+#: Frame facts shared by every Qwen3-TTS-12Hz checkpoint (the one place they are written down):
+#: 24 kHz mono audio, one codec frame = 1920 samples = 80 ms (12.5 frames per second), each frame
+#: 16 codebooks (code 0 from the talker, 1..15 from the predictor) of 2048 entries.
+SAMPLE_RATE = 24000
+SAMPLES_PER_FRAME = 1920
+FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME
+NUM_CODEBOOKS = 16
+CODEBOOK_SIZE = 2048
+PREDICTOR_STEPS = NUM_CODEBOOKS - 1
+
 _MISSING = dataclasses.MISSING
 
 

@@ -10,6 +10,11 @@ One loop of small phase functions, like gpt-fast's ``generate.py``:
    the sum of the 16 codebook embeddings plus ``trailing_text[s]`` (``tts_pad`` once the text
    is exhausted); one ``backend.talker`` step.
 
+Everything one generation carries between frames is in a :class:`StreamState`, and each phase is
+a function over it (:func:`prefill`, :func:`next_code0`, :func:`stop_reason`, :func:`predict`,
+:func:`advance`), so a scheduler can step several streams itself; :class:`Generation` is the
+one-stream loop over them.
+
 It stops on EOS (the EOS frame is dropped), on the frame budget (``length``), or when the
 :class:`Watchdog` sees stuck codes (``runaway``). It can never loop forever: every iteration
 either yields a frame that counts against ``max_frames`` or returns.
@@ -30,10 +35,9 @@ from typing import Any
 import numpy as np
 
 from . import sampling
+from .config import NUM_CODEBOOKS
 
 log = logging.getLogger(__name__)
-
-FINISH_REASONS = ("eos", "length", "runaway")
 
 #: frame budget = BUDGET_BASE + BUDGET_PER_TOKEN * text tokens (12.5 frames per second of audio):
 #: 40 frames = 3.2 s of slack, 8 frames = 0.64 s per text token (a spelled-out digit is one token
@@ -84,25 +88,32 @@ class Watchdog:
 
 @dataclass(frozen=True)
 class LoopParams:
-    """Everything the loop needs besides the backend and the prompt."""
+    """Everything the loop needs besides the backend and the prompt (build it with :meth:`for_config`)."""
 
     #: concrete :class:`~qtts.options.SamplingParams` for codebook 0 (talker) and 1..15 (predictor)
     talker: Any
-    residual: Any
+    predictor: Any
     #: frame budget; the loop yields at most this many frames
     max_frames: int
-    #: text id of <tts_pad>, fed once the trailing text is exhausted
-    tts_pad_id: int
-    #: codec EOS id (codebook 0), ids >= suppress_from except EOS are never sampled
+    #: the talker token rules: <tts_pad> text id fed once the trailing text is exhausted; codec
+    #: EOS (codebook 0); ids >= suppress_from except EOS are never sampled; EOS is blocked for the
+    #: first ``min_frames`` code-0 samples (HF min_new_tokens=2)
+    tts_pad_id: int = 151671
     eos_id: int = 2150
     suppress_from: int = 2048
-    #: EOS is blocked for the first ``min_frames`` code-0 samples (HF min_new_tokens=2)
     min_frames: int = 2
     seed: int | None = None
     watchdog: WatchdogParams | None = field(default_factory=WatchdogParams)
     #: an object with ``is_set()`` (e.g. threading.Event); checked before every frame, so a
     #: cancel from another thread stops the loop within one frame (finish_reason 'cancelled')
     cancel: Any = field(default=None, compare=False)
+
+    @classmethod
+    def for_config(cls, config, talker, predictor, max_frames: int, **kw) -> LoopParams:
+        """The talker token rules of a checkpoint (its <tts_pad>, EOS and control-id range)."""
+        return cls(talker=talker, predictor=predictor, max_frames=int(max_frames),
+                   tts_pad_id=config.tts_pad_token_id, eos_id=config.talker.codec_eos_token_id,
+                   suppress_from=config.talker.vocab_size - 1024, **kw)  # fmt: skip
 
 
 def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams, u: float) -> int:
@@ -122,23 +133,19 @@ def _talker_rules(vocab: int, eos_id: int, suppress_from: int, min_frames: int) 
     return sampling.TokenRules(suppress_ids=ids, eos_id=eos_id, min_new_tokens=min_frames)
 
 
-def pick_residual(logits: np.ndarray, params: Any, u: float) -> int:
-    """One code-predictor code: no penalty, no suppression (``params.repetition_penalty`` is 1)."""
+def pick_predictor_code(logits: np.ndarray, params: Any, u: float) -> int:
+    """One predictor code: no penalty, no suppression (``params.repetition_penalty`` is 1)."""
     return sampling.sample(logits, params, u)
 
 
 def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarray:
-    """Talker input vectors ``[L, H]`` of a prompt (see the Prompt contract in docs/design.md)."""
+    """Talker input vectors ``[L, H]`` of a prompt (see the Prompt contract in :mod:`qtts.prompt`)."""
     text_ids = np.asarray(prompt.text_ids, dtype=np.int64)
     codec_ids = np.asarray(prompt.codec_ids, dtype=np.int64)
-    n = len(text_ids)
-    out = np.zeros((n, backend.hidden_size), dtype=np.float32)
-    has_text = text_ids >= 0
-    if has_text.any():
-        out[has_text] += backend.text_embeds(text_ids[has_text])
-    has_codec = codec_ids >= 0
-    if has_codec.any():
-        out[has_codec] += backend.codec_embeds(codec_ids[has_codec])
+    out = np.zeros((len(text_ids), backend.hidden_size), dtype=np.float32)
+    for ids, embeds in ((text_ids, backend.text_embeds), (codec_ids, backend.codec_embeds)):
+        if (ids >= 0).any():
+            out[ids >= 0] += embeds(ids[ids >= 0])
     spk_pos = getattr(prompt, "speaker_pos", None)
     if spk_pos is not None and spk_pos >= 0:
         if speaker is None:
@@ -154,6 +161,73 @@ def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarr
     return out
 
 
+def text_vectors(backend, prompt, tts_pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(trailing text vectors [M, H], the <tts_pad> vector [H]) fed one per frame after the prefill."""
+    ids = np.asarray(prompt.trailing_text_ids, dtype=np.int64)
+    trailing = backend.text_embeds(ids) if len(ids) else np.zeros((0, backend.hidden_size), np.float32)
+    pad = backend.text_embeds(np.asarray([tts_pad_id], dtype=np.int64))[0]
+    return np.asarray(trailing, dtype=np.float32), np.asarray(pad, dtype=np.float32)
+
+
+@dataclass
+class StreamState:
+    """One generation between frames: everything a scheduler needs to take the next step."""
+
+    kv: Any  # the backend's talker state
+    logits: np.ndarray  # talker logits of the last position
+    hidden: np.ndarray  # its final-normed hidden state (the predictor's input)
+    pos: int  # the next talker position
+    trailing: np.ndarray  # [M, H] text vectors, one per frame
+    pad: np.ndarray  # [H] the <tts_pad> vector fed after them
+    rng: np.random.Generator  # seeded per generation: 16 uniforms per frame
+    watchdog: Watchdog | None
+    history: list = field(default_factory=list)  # code 0 of every frame so far
+    finish_reason: str | None = None
+
+    @property
+    def frames(self) -> int:
+        return len(self.history)
+
+
+def prefill(backend, prompt, lp: LoopParams, speaker: np.ndarray | None = None) -> StreamState:
+    """Embed the prompt and run it through the talker in one call."""
+    trailing, pad = text_vectors(backend, prompt, lp.tts_pad_id)
+    embeds = embed_prompt(backend, prompt, speaker)
+    kv = backend.new_state(len(embeds) + lp.max_frames + 1)
+    logits, hidden, kv = backend.talker(embeds, 0, kv)
+    watchdog = Watchdog(lp.watchdog) if lp.watchdog is not None else None
+    return StreamState(kv, logits, hidden, len(embeds), trailing, pad, np.random.default_rng(lp.seed), watchdog)
+
+
+def next_code0(state: StreamState, lp: LoopParams) -> tuple[int, np.ndarray]:
+    """Draw the frame's 16 uniforms and pick code 0; returns (code 0, the predictor's 15 uniforms)."""
+    u = state.rng.random(NUM_CODEBOOKS)
+    return pick_code0(state.logits, state.history, state.frames, lp, float(u[0])), u[1:]
+
+
+def stop_reason(state: StreamState, code0: int, lp: LoopParams) -> str | None:
+    """'eos' or 'length' when this code 0 ends the generation, else None."""
+    if code0 == lp.eos_id:
+        return "eos"
+    return "length" if state.frames >= lp.max_frames else None
+
+
+def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: np.ndarray) -> np.ndarray:
+    """The whole frame: code 0 + the predictor's codebooks 1..15 -> int64 [16]."""
+    state.history.append(int(code0))
+    rest = backend.predict_frame(state.hidden, code0, lp.predictor, uniforms)
+    return np.concatenate([[code0], np.asarray(rest, dtype=np.int64)]).astype(np.int64)
+
+
+def advance(backend, state: StreamState, codes: np.ndarray) -> None:
+    """Feed the frame (+ its trailing text vector, or <tts_pad>) to the talker: one step."""
+    step = state.frames - 1
+    text_vec = state.trailing[step] if step < len(state.trailing) else state.pad
+    x = backend.frame_embeds(codes[None, :])[0] + text_vec
+    state.logits, state.hidden, state.kv = backend.talker(x[None, :].astype(np.float32), state.pos, state.kv)
+    state.pos += 1
+
+
 class Generation:
     """One generation: iterate to get frames (np.int64 [16]); then read ``finish_reason``.
 
@@ -162,65 +236,32 @@ class Generation:
     """
 
     def __init__(self, backend, prompt, params: LoopParams, speaker: np.ndarray | None = None):
-        self.backend = backend
-        self.prompt = prompt
-        self.params = params
-        self.speaker = speaker
+        self.backend, self.prompt, self.params, self.speaker = backend, prompt, params, speaker
         self.finish_reason: str | None = None
         self.num_frames = 0
-        self.prompt_len = len(prompt.text_ids)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return self._frames()
 
-    def _text_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        be = self.backend
-        trailing_ids = np.asarray(self.prompt.trailing_text_ids, dtype=np.int64)
-        trailing = be.text_embeds(trailing_ids) if len(trailing_ids) else np.zeros((0, be.hidden_size), np.float32)
-        pad = be.text_embeds(np.asarray([self.params.tts_pad_id], dtype=np.int64))[0]
-        return np.asarray(trailing, dtype=np.float32), np.asarray(pad, dtype=np.float32)
-
-    def _prefill(self):
-        be, lp = self.backend, self.params
-        embeds = embed_prompt(be, self.prompt, self.speaker)
-        state = be.new_state(len(embeds) + lp.max_frames + 1)
-        logits, hidden, state = be.talker(embeds, 0, state)
-        return logits, hidden, state, len(embeds)
-
     def _frames(self) -> Iterator[np.ndarray]:
         be, lp = self.backend, self.params
-        trailing, pad = self._text_vectors()
-        logits, hidden, state, pos = self._prefill()
-        rng = np.random.default_rng(lp.seed)
-        history: list[int] = []
-        watchdog = Watchdog(lp.watchdog) if lp.watchdog is not None else None
-        step = 0
+        state = prefill(be, self.prompt, lp, self.speaker)
         while True:
             if lp.cancel is not None and lp.cancel.is_set():
                 self.finish_reason = "cancelled"
                 return
-            u = rng.random(16)
-            code0 = pick_code0(logits, history, step, lp, float(u[0]))
-            if code0 == lp.eos_id:
-                self.finish_reason = "eos"
+            code0, uniforms = next_code0(state, lp)
+            self.finish_reason = stop_reason(state, code0, lp)
+            if self.finish_reason is not None:
                 return
-            if step >= lp.max_frames:
-                self.finish_reason = "length"
-                return
-            history.append(code0)
-            residual = be.predict_frame(hidden, code0, lp.residual, u[1:])
-            codes = np.concatenate([[code0], np.asarray(residual, dtype=np.int64)]).astype(np.int64)
+            codes = predict(be, state, code0, lp, uniforms)
             self.num_frames += 1
             yield codes
-            if watchdog is not None and watchdog.update(code0):
-                log.warning("generation stopped by the runaway watchdog after %d frames", step + 1)
+            if state.watchdog is not None and state.watchdog.update(code0):
+                log.warning("generation stopped by the runaway watchdog after %d frames", state.frames)
                 self.finish_reason = "runaway"
                 return
-            text_vec = trailing[step] if step < len(trailing) else pad
-            x = be.frame_embeds(codes[None, :])[0] + text_vec
-            logits, hidden, state = be.talker(x[None, :].astype(np.float32), pos, state)
-            pos += 1
-            step += 1
+            advance(be, state, codes)
 
 
 def generate(backend, prompt, params: LoopParams, speaker: np.ndarray | None = None) -> Generation:

@@ -14,6 +14,14 @@ from typing import Any
 
 from .errors import InputError
 
+#: temperature bounds: below 0.01 the float32 division underflows toward inf (use greedy for
+#: argmax); above 100 every token is about equally likely
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+#: repetition-penalty bounds (1 = off), for the same float32 reasons
+MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+#: speaking-rate bounds (OpenAI's ``speed`` range; qtts.stretch time-stretches the audio)
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,15 +52,40 @@ class SamplingParams:
         return out
 
     def validate(self) -> None:
-        """Raise InputError for out-of-range values (``None`` fields are not checked)."""
-        if self.temperature is not None and not self.temperature > 0:
-            raise InputError(f"temperature must be > 0, got {self.temperature}; use greedy for argmax")
-        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 0):
+        """Raise InputError for out-of-range values (``None`` fields are not checked).
+
+        The float32 math needs temperature and repetition penalty in [0.01, 100]: logits
+        divided by a subnormal temperature overflow to inf and the draw walks off the vocabulary.
+        """
+        if self.temperature is not None and not _within(self.temperature, MIN_TEMPERATURE, MAX_TEMPERATURE):
+            raise InputError(f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got "
+                             f"{self.temperature}; use greedy for argmax")
+        if self.top_k is not None and not _is_count(self.top_k):
             raise InputError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+        if self.top_p is not None and not _within(self.top_p, 0.0, 1.0, low_open=True):
             raise InputError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
-            raise InputError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if self.repetition_penalty is not None and not _within(self.repetition_penalty, MIN_PENALTY, MAX_PENALTY):
+            raise InputError(f"repetition_penalty must be in [{MIN_PENALTY}, {MAX_PENALTY}] (1 = off), got "
+                             f"{self.repetition_penalty}")
+
+
+def _within(value, low: float, high: float, low_open: bool = False) -> bool:
+    """``low <= value <= high`` for a real number (False for NaN, strings, None)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return (low < v if low_open else low <= v) and v <= high
+
+
+def _is_count(value) -> bool:
+    """An integer >= 0 (5.0 counts; inf, NaN, 2.5, True and strings do not)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(value) == value and value >= 0
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def talker_defaults(gen) -> SamplingParams:
@@ -69,8 +102,8 @@ def talker_defaults(gen) -> SamplingParams:
     )
 
 
-def subtalker_defaults(gen) -> SamplingParams:
-    """Code-predictor defaults; the official code applies no repetition penalty there."""
+def predictor_defaults(gen) -> SamplingParams:
+    """Predictor defaults (the ``subtalker_*`` keys); the official code applies no repetition penalty there."""
     from .config import GenerationConfig
 
     g = gen if gen is not None else GenerationConfig()
@@ -89,8 +122,8 @@ class SynthesisOptions:
 
     # Codebook 0 (talker): None fields come from generation_config.json.
     talker: SamplingParams = field(default_factory=SamplingParams)
-    # Codebooks 1..15 (code predictor): the subtalker_* values of generation_config.json.
-    subtalker: SamplingParams = field(default_factory=SamplingParams)
+    # Codebooks 1..15 (the predictor): the subtalker_* values of generation_config.json.
+    predictor: SamplingParams = field(default_factory=SamplingParams)
     # Seeds the numpy Generator so a call is reproducible; None = fresh entropy each call.
     seed: int | None = None
     # Shortcut for do_sample=False on both stages (deterministic; what parity tests use).
@@ -112,6 +145,9 @@ class SynthesisOptions:
     max_sentence_chars: int = 200
     # Seconds of silence appended to the ICL reference audio: stops reference-audio bleed.
     trailing_silence: float = 0.0
+    # Speaking rate (0.25-4.0; 2.0 = twice as fast): a pitch-preserving time stretch of the audio
+    # (qtts.stretch, streaming WSOLA); the model itself has no rate control. 1.0 = untouched.
+    speed: float = 1.0
     # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
     watchdog: bool = True
     # Cross-thread cancellation: an object with is_set() (threading.Event); checked before
@@ -121,7 +157,7 @@ class SynthesisOptions:
     def validate(self) -> None:
         """Raise InputError naming the bad field and its valid range."""
         self.talker.validate()
-        self.subtalker.validate()
+        self.predictor.validate()
         if self.max_frames is not None and self.max_frames < 1:
             raise InputError(f"max_frames must be >= 1 (or None for the automatic budget), got {self.max_frames}")
         if self.first_chunk_frames < 1 or self.chunk_frames < 1:
@@ -133,13 +169,15 @@ class SynthesisOptions:
             raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
         if not 0.0 <= self.trailing_silence <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
+        if not _within(self.speed, MIN_SPEED, MAX_SPEED):
+            raise InputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}] (1.0 = unchanged), got {self.speed}")
 
     def resolve(self, generation_config=None) -> SynthesisOptions:
-        """A copy whose talker/subtalker params are concrete (greedy applied)."""
+        """A copy whose talker/predictor params are concrete (greedy applied)."""
         self.validate()
         talker = self.talker.merged(talker_defaults(generation_config))
-        subtalker = self.subtalker.merged(subtalker_defaults(generation_config))
+        predictor = self.predictor.merged(predictor_defaults(generation_config))
         if self.greedy:
             talker = dataclasses.replace(talker, do_sample=False)
-            subtalker = dataclasses.replace(subtalker, do_sample=False)
-        return dataclasses.replace(self, talker=talker, subtalker=subtalker)
+            predictor = dataclasses.replace(predictor, do_sample=False)
+        return dataclasses.replace(self, talker=talker, predictor=predictor)

@@ -3,12 +3,14 @@
 A plan is a JSON object (schema in docs/plan.md)::
 
     {
-      "speech_decoder": {"impl": "onnx",
-                         "artifacts": {"main": "voc16.onnx", "first": "voc2.onnx"},
-                         "options": {"threads": 2}}
+      "vocoder": {"impl": "onnx",
+                  "artifacts": {"main": "voc16.onnx", "first": "voc2.onnx"},
+                  "options": {"threads": 2}}
     }
 
-Keys are component names (:data:`COMPONENTS`); an optional ``"version": 1`` key is accepted.
+Keys are component names (:data:`COMPONENTS`); an optional ``"version": 1`` key is accepted. Plans
+written before the rename still load: ``code_predictor`` reads as ``predictor`` and
+``speech_decoder`` as ``vocoder`` (:data:`LEGACY_NAMES`).
 Each entry has ``impl`` (:data:`IMPLS`), ``artifacts`` (name -> file; ``main`` is required
 for every impl but torch; relative paths resolve against the plan file's directory, and the
 files must exist), optional ``options`` (a free-form object the implementation reads) and
@@ -27,7 +29,9 @@ from typing import Any
 
 from .errors import InputError
 
-COMPONENTS = ("talker", "code_predictor", "speech_decoder", "speaker_encoder", "speech_encoder")
+COMPONENTS = ("talker", "predictor", "vocoder", "speaker_encoder", "speech_encoder")
+#: names older qtts versions wrote (plan keys, manifest keys) -> today's name
+LEGACY_NAMES = {"code_predictor": "predictor", "speech_decoder": "vocoder"}
 IMPLS = ("torch", "onnx", "rknn", "qnn")
 PLAN_VERSION = 1
 _ENTRY_KEYS = ("impl", "artifacts", "options", "precision")
@@ -109,18 +113,26 @@ def parse_plan(data: Any, base_dir: str = ".", where: str = "plan") -> Plan:
     """Validate a decoded plan object; raises InputError naming the problem."""
     if not isinstance(data, dict):
         raise InputError(f"{where}: a plan must be a JSON object of components, got {type(data).__name__}")
-    comps = {}
-    for name, entry in data.items():
-        if name == "version":
-            if entry != PLAN_VERSION:
-                raise InputError(
-                    f"{where}: unsupported plan version {entry!r}; this qtts reads version {PLAN_VERSION}"
-                )
-            continue
-        if name not in COMPONENTS:
-            raise InputError(f"{where}: unknown component '{name}'; known: {', '.join(COMPONENTS)}")
-        comps[name] = _entry(name, entry, base_dir, where)
+    version = data.get("version", PLAN_VERSION)
+    if version != PLAN_VERSION:
+        raise InputError(f"{where}: unsupported plan version {version!r}; this qtts reads version {PLAN_VERSION}")
+    entries = renamed({k: v for k, v in data.items() if k != "version"}, where)
+    unknown = sorted(set(entries) - set(COMPONENTS))
+    if unknown:
+        raise InputError(f"{where}: unknown component '{unknown[0]}'; known: {', '.join(COMPONENTS)}")
+    comps = {name: _entry(name, entry, base_dir, where) for name, entry in entries.items()}
     return Plan(MappingProxyType(comps))
+
+
+def renamed(data: dict, where: str) -> dict:
+    """``data`` with legacy component names (:data:`LEGACY_NAMES`) replaced by today's."""
+    out = {}
+    for key, value in data.items():
+        name = LEGACY_NAMES.get(key, key)
+        if name in out:
+            raise InputError(f"{where}: '{key}' and '{name}' name the same component; keep '{name}'")
+        out[name] = value
+    return out
 
 
 def load_plan(plan: str | os.PathLike | dict | Plan | None) -> Plan:

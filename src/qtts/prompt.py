@@ -1,7 +1,18 @@
-"""The talker prompt of every mode, as backend-agnostic id arrays (numpy).
+"""Conditioning and the talker prompt of every mode: validated once, laid out as numpy id arrays.
 
-A :class:`Prompt` describes the official ``Qwen3TTSForConditionalGeneration.generate``
-inputs exactly (same positions, same order, same ids). Per position ``i`` the talker input is
+:func:`resolve_mode` checks what a call asks for against what the checkpoint supports and
+returns a :class:`Mode`; every bad input is one :class:`~qtts.errors.InputError` that lists what
+is valid:
+
+| checkpoint     | valid conditioning                                   |
+|----------------|------------------------------------------------------|
+| Base           | ``voice`` (x-vector only, or ICL with reference text) |
+| CustomVoice    | ``speaker`` (+ ``instruct`` on 1.7B)                  |
+| VoiceDesign    | ``instruct``                                          |
+
+:func:`build_prompt` lays a resolved mode and one text piece out as a :class:`Prompt`, the
+official ``Qwen3TTSForConditionalGeneration.generate`` inputs exactly (same positions, same
+order, same ids). Per position ``i`` the talker input is
 
     T(text_ids[i])            if text_ids[i] >= 0   (T = text_projection(text_embedding(.)))
   + C(codec_ids[i])           if codec_ids[i] >= 0  (C = talker codec_embedding)
@@ -21,18 +32,35 @@ loses that newline. We slice the same way, so our prompt equals the official one
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
+from .config import CODEBOOK_SIZE, NUM_CODEBOOKS
 from .errors import InputError
 
 log = logging.getLogger(__name__)
 
 MODES = ("xvector", "icl", "custom_voice", "voice_design")
-_MODES_OF = {"base": ("xvector", "icl"), "custom_voice": ("custom_voice",), "voice_design": ("voice_design",)}
-NUM_CODEBOOKS = 16
-CODEBOOK_SIZE = 2048
+MAX_TEXT_CHARS = 50_000
+
+
+@dataclass(frozen=True, eq=False)
+class Mode:
+    """A checked conditioning request (build it with :func:`resolve_mode`)."""
+
+    kind: str  # one of MODES
+    language: str = "auto"  # 'auto', a codec language or (CustomVoice) a dialect, lower case
+    speaker: str | None = None  # CustomVoice speaker name (lower case)
+    instruct: str | None = None  # VoiceDesign / 1.7B CustomVoice instruction
+    xvector: np.ndarray | None = None  # clone modes: the speaker vector added at the speaker slot
+    ref_text: str | None = None  # ICL: the reference transcript
+    ref_codes: np.ndarray | None = None  # ICL: the reference audio's codes [frames, 16] int64
+
+    @property
+    def icl(self) -> bool:
+        return self.kind == "icl"
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,41 +105,89 @@ class _Rows:
         self.frame.append(int(frame))
 
 
-def _choices(items) -> str:
-    return ", ".join(sorted(items))
+def valid_conditioning(config) -> str:
+    t = config.tts_model_type
+    if t == "base":
+        return "voice=<Voice or .voice file> (CLI: --voice V or --ref-audio A [--ref-text T])"
+    if t == "custom_voice":
+        extra = " and optionally instruct=..." if config.tts_model_size == "1b7" else ""
+        return f"speaker=<one of: {', '.join(config.speakers)}>{extra}"
+    return "instruct=<a description of the voice> (CLI: --instruct I)"
 
 
-def resolve_mode(config, mode, speaker, instruct, ref_codes) -> str:
-    """The prompt mode for this checkpoint, or an InputError listing the valid ones."""
-    kind = config.tts_model_type
-    valid = _MODES_OF[kind]
-    if mode is None:
-        mode = ("icl" if ref_codes is not None else "xvector") if kind == "base" else valid[0]
-    if mode not in MODES:
-        raise InputError(f"unknown prompt mode '{mode}'; valid: {', '.join(MODES)}")
-    if mode not in valid:
-        need = {"xvector": "Base", "icl": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
-        raise InputError(
-            f"mode '{mode}' needs a {need[mode]} checkpoint; this {kind} {config.tts_model_size} "
-            f"checkpoint supports: {', '.join(valid)}"
-        )
-    if speaker and mode != "custom_voice":
-        raise InputError(
-            f"speaker '{speaker}' needs a CustomVoice checkpoint (this one is {kind}); "
-            "clone a voice with a Base checkpoint instead"
-        )
-    if instruct and mode in ("xvector", "icl"):
-        raise InputError("instruct needs a VoiceDesign or 1.7B CustomVoice checkpoint, not a Base one")
-    return mode
+def _fail(config, problem: str):
+    raise InputError(f"{problem}; this {config.tts_model_type} {config.tts_model_size} checkpoint takes "
+                     f"{valid_conditioning(config)}")
 
 
 def resolve_language(config, language: str | None) -> str:
-    """Lower-case language name; 'auto', a codec language or (CustomVoice) a dialect."""
+    """Lower-case language name: 'auto', a codec language or (CustomVoice) a dialect."""
     lang = (language or "auto").strip().lower()
-    valid = ["auto"] + sorted(config.talker.codec_language_id)
-    if lang not in valid:
-        raise InputError(f"unknown language '{language}'; valid: {', '.join(valid)}")
+    if lang not in config.languages:
+        raise InputError(f"unknown language '{language}'; valid: {', '.join(config.languages)}")
     return lang
+
+
+def resolve_mode(config, voice=None, speaker: str | None = None, instruct: str | None = None,
+                 language: str | None = None) -> Mode:
+    """The :class:`Mode` for these arguments, or an InputError that lists the valid ones."""
+    lang = resolve_language(config, language)
+    instruct = instruct.strip() if isinstance(instruct, str) and instruct.strip() else None
+    kind = config.tts_model_type
+    if kind == "base":
+        return _clone_mode(config, voice, speaker, instruct, lang)
+    if voice is not None:
+        _fail(config, "voice cloning needs a Base checkpoint")
+    if kind == "custom_voice":
+        return _speaker_mode(config, speaker, instruct, lang)
+    if speaker:
+        _fail(config, f"speaker '{speaker}' needs a CustomVoice checkpoint")
+    if not instruct:
+        _fail(config, "no instruct given")
+    return Mode("voice_design", lang, instruct=instruct)
+
+
+def _clone_mode(config, voice, speaker, instruct, lang: str) -> Mode:
+    if speaker:
+        _fail(config, f"speaker '{speaker}' needs a CustomVoice checkpoint")
+    if instruct:
+        _fail(config, "instruct needs a VoiceDesign or 1.7B CustomVoice checkpoint")
+    if voice is None:
+        _fail(config, "a Base checkpoint clones a voice and needs one")
+    voice.check_compatible(config.tts_model_type, config.tts_model_size, config.talker.hidden_size)
+    if not voice.icl:
+        return Mode("xvector", lang, xvector=voice.speaker)
+    codes = _check_ref_codes(voice.ref_codes)
+    return Mode("icl", lang, xvector=voice.speaker, ref_text=voice.ref_text, ref_codes=codes)
+
+
+def _speaker_mode(config, speaker, instruct, lang: str) -> Mode:
+    if not speaker:
+        _fail(config, "no speaker given")
+    name = speaker.strip().lower()
+    if name not in config.speakers:
+        raise InputError(f"unknown speaker '{speaker}'; valid: {', '.join(config.speakers)}")
+    if instruct and config.tts_model_size != "1b7":
+        _fail(config, "instruct needs the 1.7B CustomVoice (or VoiceDesign) checkpoint")
+    return Mode("custom_voice", lang, speaker=name, instruct=instruct)
+
+
+def _empty(what: str) -> InputError:
+    return InputError(f"{what} is empty (nothing to speak after removing whitespace and control characters)")
+
+
+def clean_text(text, what: str = "text") -> str:
+    """NFC, control characters (except newline/tab) removed, stripped; empty -> InputError."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, got {type(text).__name__}")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InputError(f"{what} has {len(text)} characters; the limit is {MAX_TEXT_CHARS} per call (split it)")
+    text = unicodedata.normalize("NFC", text)
+    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
+    text = text.strip()
+    if not text:
+        raise _empty(what)
+    return text
 
 
 def _language_id(config, lang: str, speaker: str | None) -> int | None:
@@ -149,18 +225,15 @@ def _check_ref_codes(ref_codes) -> np.ndarray:
     return codes.astype(np.int64)
 
 
-def _tokenize(tokenizer, text: str, ref_text: str | None, instruct: str | None, mode: str):
+def _tokenize(tokenizer, text: str, mode: Mode, instruct: str | None):
     """(role, body, ref_body, instruct_ids) sliced like the official code."""
     full = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
     role, body = full[:3], full[3:-5]
     if not body:
-        raise InputError("the text is empty (nothing to speak); pass at least one character")
+        raise _empty("the text")
     ref_body = None
-    if mode == "icl":
-        if not ref_text:
-            raise InputError("ICL voice cloning needs ref_text (the transcript of the reference audio); "
-                             "or use x-vector-only cloning")
-        ref_body = tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2]
+    if mode.icl:
+        ref_body = tokenizer.encode(f"<|im_start|>assistant\n{mode.ref_text}<|im_end|>\n")[3:-2]
     instruct_ids = tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n") if instruct else []
     return role, body, ref_body, instruct_ids
 
@@ -208,59 +281,32 @@ def _body_icl(rows: _Rows, config, ref_body: list[int], body: list[int], n_frame
     return text[n:] if len(text) > n else [cfg.tts_pad_token_id]
 
 
-def _conditioning(config, mode, speaker, instruct, has_speaker_vector):
-    """(speaker name, speaker codec id, instruct, has vector) after the official rules."""
-    speaker_codec = None
-    if mode == "custom_voice":
-        if speaker:
-            speaker = speaker.strip().lower()
-            if speaker not in config.talker.spk_id:
-                raise InputError(f"unknown speaker '{speaker}'; valid: {_choices(config.talker.spk_id)}")
-            speaker_codec = config.talker.speaker_token(speaker)
-        else:
-            log.warning("CustomVoice prompt without a speaker: the voice is unconditioned")
-        if instruct and config.tts_model_size in "0b6":  # the official wrapper's (substring) test
-            log.warning("the 0.6B CustomVoice checkpoint does not support instruct; ignoring it "
-                        "(like the official wrapper)")
-            instruct = None
-    if has_speaker_vector and mode not in ("xvector", "icl"):
-        raise InputError(f"a speaker vector (voice clone) needs a Base checkpoint, not {mode}")
-    if mode in ("xvector", "icl") and not has_speaker_vector:
-        log.warning("Base prompt without a speaker vector: the voice is unconditioned")
-    return (speaker or None), speaker_codec, (instruct or None), bool(has_speaker_vector)
+def _instruct(config, mode: Mode) -> str | None:
+    """The instruct the official wrapper keeps: the 0.6B CustomVoice drops it (with a warning)."""
+    if mode.kind == "custom_voice" and mode.instruct and config.tts_model_size in "0b6":  # its substring test
+        log.warning("the 0.6B CustomVoice checkpoint does not support instruct; ignoring it "
+                    "(like the official wrapper)")
+        return None
+    return mode.instruct
 
 
-def build_prompt(config, tokenizer, text: str, *, mode: str | None = None, language: str | None = "auto",
-                 speaker: str | None = None, instruct: str | None = None, ref_text: str | None = None,
-                 ref_codes=None, has_speaker_vector: bool | None = None,
-                 non_streaming_text: bool | None = None) -> Prompt:
-    """The official talker prompt for ``text`` (see the module docstring and docs/text.md).
+def build_prompt(config, tokenizer, text: str, mode: Mode, non_streaming_text: bool | None = None) -> Prompt:
+    """The official talker prompt for one piece of ``text`` in a resolved ``mode`` (module docstring).
 
-    ``mode``: 'xvector' | 'icl' (Base) | 'custom_voice' | 'voice_design'; None = from the
-    checkpoint type (Base: 'icl' when ``ref_codes`` are given). ``non_streaming_text`` None =
-    the official wrapper default (False for Base, True otherwise). ``has_speaker_vector`` None =
-    True for Base modes (False = a Base prompt without a speaker slot).
+    ``non_streaming_text`` None = the official wrapper default (False for voice clones, True for
+    CustomVoice and VoiceDesign).
     """
-    if not isinstance(text, str):
-        raise InputError(f"text must be a string, got {type(text).__name__}")
-    mode = resolve_mode(config, mode, speaker, instruct, ref_codes)
-    lang = resolve_language(config, language)
-    if has_speaker_vector is None:
-        has_speaker_vector = mode in ("xvector", "icl")
-    speaker, speaker_codec, instruct, has_vector = _conditioning(
-        config, mode, speaker, instruct, has_speaker_vector)
     if non_streaming_text is None:
-        non_streaming_text = mode in ("custom_voice", "voice_design")
-    if mode == "icl" and ref_codes is None:
-        raise InputError("ICL voice cloning needs ref_codes (the reference audio's speech codes)")
-    codes = _check_ref_codes(ref_codes) if mode == "icl" else np.zeros((0, NUM_CODEBOOKS), np.int64)
-    role, body, ref_body, instruct_ids = _tokenize(tokenizer, text, ref_text, instruct, mode)
-
+        non_streaming_text = mode.kind in ("custom_voice", "voice_design")
+    role, body, ref_body, instruct_ids = _tokenize(tokenizer, text, mode, _instruct(config, mode))
     rows = _Rows()
     for tok in list(instruct_ids) + list(role):
         rows.add(tok)
-    _add_prefix(rows, config, _codec_prefix(config, _language_id(config, lang, speaker), speaker_codec, has_vector))
-    if mode == "icl":
+    speaker_codec = config.talker.speaker_token(mode.speaker) if mode.speaker else None
+    lang_id = _language_id(config, mode.language, mode.speaker)
+    _add_prefix(rows, config, _codec_prefix(config, lang_id, speaker_codec, mode.xvector is not None))
+    codes = mode.ref_codes if mode.icl else np.zeros((0, NUM_CODEBOOKS), np.int64)
+    if mode.icl:
         trailing = _body_icl(rows, config, ref_body, body, len(codes), bool(non_streaming_text))
     else:
         trailing = _body_plain(rows, config, body, bool(non_streaming_text))
@@ -270,7 +316,7 @@ def build_prompt(config, tokenizer, text: str, *, mode: str | None = None, langu
 
     return Prompt(
         text_ids=arr(rows.text), codec_ids=arr(rows.codec), speaker_pos=rows.speaker_pos,
-        icl_codes=codes, icl_frame=arr(rows.frame), trailing_text_ids=arr(trailing), mode=mode,
-        language=lang, non_streaming_text=bool(non_streaming_text), text_token_count=len(body),
-        tts_pad_id=int(config.tts_pad_token_id), speaker=speaker,
+        icl_codes=codes, icl_frame=arr(rows.frame), trailing_text_ids=arr(trailing), mode=mode.kind,
+        language=mode.language, non_streaming_text=bool(non_streaming_text), text_token_count=len(body),
+        tts_pad_id=int(config.tts_pad_token_id), speaker=mode.speaker,
     )

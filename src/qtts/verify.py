@@ -8,8 +8,8 @@ Metrics (reusable): :func:`token_agreement`, :func:`first_divergence`, :func:`qt
 * **teacher-forced codebook 0**: the talker of each backend is fed the reference frames; top-1
   agreement of the greedy code-0 pick and the SNR of the talker logits;
 * **codebooks 1-15**: each backend's ``predict_frame`` (greedy) gets the *reference* talker
-  hidden state and code 0 of every frame, so the code predictor is measured on its own;
-* **vocoder**: the plan's streaming decoder (chunks of 2 then 8 frames) against the torch offline
+  hidden state and code 0 of every frame, so the predictor is measured on its own;
+* **vocoder**: the plan's streaming vocoder (chunks of 2 then 8 frames) against the torch offline
   decode of the reference codes, SNR in dB.
 
 Gates (:data:`GATES`): a plan whose components are all fp32 must reproduce the greedy codes
@@ -29,6 +29,7 @@ from dataclasses import replace
 import numpy as np
 
 from .audio import snr_db
+from .config import NUM_CODEBOOKS, PREDICTOR_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -56,73 +57,65 @@ def first_divergence(ref: np.ndarray, test: np.ndarray) -> int | None:
 # ---------------------------------------------------------------------------- setup
 
 
-def _prompt(runtime, text: str):
+def reference_prompt(parts, text: str):
     """(prompt, speaker vector or None): a named speaker if the checkpoint has one, else an x-vector."""
-    from .prompt import build_prompt
+    from .prompt import Mode, build_prompt
 
-    cfg = runtime.config
-    speakers = list(cfg.speakers)
-    if speakers:
-        return build_prompt(cfg, runtime.tokenizer, text, mode="custom_voice", speaker=speakers[0]), None
+    cfg = parts.config
+    if cfg.speakers:
+        return build_prompt(cfg, parts.tokenizer, text, Mode("custom_voice", speaker=cfg.speakers[0])), None
     dim = cfg.speaker_encoder.enc_dim if cfg.speaker_encoder is not None else cfg.talker.hidden_size
     speaker = np.random.default_rng(1234).standard_normal(dim).astype(np.float32) * 0.05
-    return build_prompt(cfg, runtime.tokenizer, text, mode="xvector"), speaker
+    return build_prompt(cfg, parts.tokenizer, text, Mode("xvector", xvector=speaker)), speaker
 
 
-def _loop_params(runtime, frames: int):
+def greedy_params(config, frames: int, **kw):
     from .generate import LoopParams
     from .options import SamplingParams
 
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05)
-    cfg = runtime.config
-    return LoopParams(
-        talker=greedy, residual=replace(greedy, repetition_penalty=1.0), max_frames=int(frames),
-        tts_pad_id=cfg.tts_pad_token_id, eos_id=cfg.talker.codec_eos_token_id,
-        suppress_from=cfg.talker.vocab_size - 1024, seed=0, watchdog=None,
-    )  # fmt: skip
+    return LoopParams.for_config(config, greedy, replace(greedy, repetition_penalty=1.0), frames, seed=0,
+                                 watchdog=None, **kw)  # fmt: skip
 
 
 def _generate(backend, prompt, lp, speaker) -> np.ndarray:
     from .generate import generate
 
     frames = list(generate(backend, prompt, lp, speaker))
-    return np.asarray(frames, dtype=np.int64).reshape(-1, 16)
+    return np.asarray(frames, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
 
 
 # ---------------------------------------------------------------------------- measurements
 
 
+def _forced_run(be, prompt, lp, speaker, codes: np.ndarray) -> list:
+    """(logits, hidden) before each reference frame, feeding the reference frames to the talker."""
+    from .generate import advance, prefill
+
+    state = prefill(be, prompt, lp, speaker)
+    out = []
+    for frame in codes:
+        out.append((np.asarray(state.logits, np.float32).copy(), np.asarray(state.hidden, np.float32).copy()))
+        state.history.append(int(frame[0]))
+        advance(be, state, frame)
+    return out
+
+
 def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> dict:
     """Feed the reference frames to both talkers; compare code-0 picks, logits and the predictor."""
-    from .generate import embed_prompt, pick_code0
+    from .generate import pick_code0
 
-    runs = []
-    for be in (ref_be, test_be):
-        trailing_ids = np.asarray(prompt.trailing_text_ids, dtype=np.int64)
-        trailing = (
-            be.text_embeds(trailing_ids) if len(trailing_ids) else np.zeros((0, be.hidden_size), np.float32)
-        )
-        pad = be.text_embeds(np.asarray([lp.tts_pad_id], dtype=np.int64))[0]
-        embeds = embed_prompt(be, prompt, speaker)
-        state = be.new_state(len(embeds) + len(codes) + 1)
-        logits, hidden, state = be.talker(embeds, 0, state)
-        pos, out = len(embeds), []
-        for s, frame in enumerate(codes):
-            out.append((np.asarray(logits, np.float32).copy(), np.asarray(hidden, np.float32).copy()))
-            text_vec = trailing[s] if s < len(trailing) else pad
-            x = be.frame_embeds(frame[None, :])[0] + text_vec
-            logits, hidden, state = be.talker(x[None, :].astype(np.float32), pos, state)
-            pos += 1
-        runs.append(out)
+    lp = replace(lp, max_frames=max(lp.max_frames, len(codes)))
+    runs = [_forced_run(be, prompt, lp, speaker, codes) for be in (ref_be, test_be)]
     code0_ref, code0_test, snrs, cb_ref, cb_test = [], [], [], [], []
-    u = np.zeros(15)
+    u = np.zeros(PREDICTOR_STEPS)
     for s, ((lr, hr), (lt, _ht)) in enumerate(zip(*runs)):
         history = [int(c) for c in codes[:s, 0]]
         code0_ref.append(pick_code0(lr, history, s, lp, 0.0))
         code0_test.append(pick_code0(lt, history, s, lp, 0.0))
         snrs.append(snr_db(lr, lt))
-        cb_ref.append(ref_be.predict_frame(hr, int(codes[s, 0]), lp.residual, u))
-        cb_test.append(test_be.predict_frame(hr, int(codes[s, 0]), lp.residual, u))
+        cb_ref.append(ref_be.predict_frame(hr, int(codes[s, 0]), lp.predictor, u))
+        cb_test.append(test_be.predict_frame(hr, int(codes[s, 0]), lp.predictor, u))
     finite = [x for x in snrs if math.isfinite(x)]
     return {
         "code0_top1_agreement": token_agreement(np.array(code0_ref), np.array(code0_test)),
@@ -132,23 +125,21 @@ def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> 
     }
 
 
-def _decode_stream(decoder, codes: np.ndarray, first: int = 2, chunk: int = 8) -> np.ndarray:
-    decoder.reset()
+def _decode_stream(stream, codes: np.ndarray, first: int = 2, chunk: int = 8) -> np.ndarray:
     pieces, i = [], 0
     while i < len(codes):
         n = first if i == 0 else chunk
-        pieces.append(np.asarray(decoder.decode(codes[i : i + n]), dtype=np.float32).reshape(-1))
+        pieces.append(np.asarray(stream.decode(codes[i : i + n]), dtype=np.float32).reshape(-1))
         i += n
     return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
-def _vocoder_snr(runtime, checkpoint, codes: np.ndarray) -> float | None:
+def _vocoder_snr(parts, checkpoint, codes: np.ndarray) -> float | None:
     import torch
 
     if len(codes) == 0:
         return None
-    decoder = runtime.new_decoder()
-    test = _decode_stream(decoder, codes)
+    test = _decode_stream(parts.vocoder.stream(), codes)
     with torch.inference_mode():
         ref = checkpoint.speech_tokenizer.decoder(torch.from_numpy(codes.T[None].copy()))
     return snr_db(ref.reshape(-1).float().numpy(), test)
@@ -160,9 +151,9 @@ def _vocoder_snr(runtime, checkpoint, codes: np.ndarray) -> float | None:
 def plan_precisions(plan, dtype: str = "float32") -> dict:
     torch_precision = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
     out = {}
-    for name in ("talker", "code_predictor", "speech_decoder"):
+    for name in ("talker", "predictor", "vocoder"):
         spec = plan.get(name)
-        precision = torch_precision if spec.impl == "torch" and name != "speech_decoder" else spec.precision
+        precision = torch_precision if spec.impl == "torch" and name != "vocoder" else spec.precision
         out[name] = f"{spec.impl}/{precision or 'fp32'}"
     return out
 
@@ -176,37 +167,32 @@ def verify_plan(
     dtype: str = "float32",
 ):
     """Run every measurement; returns the report dict (``passed`` is None when no gate applies)."""
+    from .backends import open as open_components
     from .backends.torch import TorchBackend
-    from .plan import load_plan
-    from .runtime import Runtime
     from .weights import load_checkpoint
 
     text = text or "The quick brown fox jumps over the lazy dog, then rests by the river."
-    plan = load_plan(plan_path)
     t0 = time.perf_counter()
-    test_rt = Runtime.open(model, plan=plan_path, threads=threads, dtype=dtype)
-    checkpoint = load_checkpoint(test_rt.snapshot_dir, components=("talker", "decoder"))
-    test_rt._checkpoint = checkpoint  # a torch decoder in the plan reuses the loaded weights
+    parts = open_components(model, plan=plan_path, threads=threads, dtype=dtype)
+    checkpoint = load_checkpoint(model, components=("talker", "decoder"))
     ref_be = TorchBackend(checkpoint.model.talker, threads=threads)
-    prompt, speaker = _prompt(test_rt, text)
-    lp = _loop_params(test_rt, frames)
+    prompt, speaker = reference_prompt(parts, text)
+    lp = greedy_params(parts.config, frames)
     ref_codes = _generate(ref_be, prompt, lp, speaker)
-    test_codes = _generate(test_rt.backend, prompt, lp, speaker)
+    test_codes = _generate(parts.backend, prompt, lp, speaker)
     n = max(len(ref_codes), len(test_codes))
-    equal = sum(
-        1 for i in range(min(len(ref_codes), len(test_codes))) if np.array_equal(ref_codes[i], test_codes[i])
-    )
+    equal = sum(1 for a, b in zip(ref_codes, test_codes) if np.array_equal(a, b))
     report = {
-        "model": os.path.abspath(test_rt.snapshot_dir),
+        "model": os.path.abspath(checkpoint.path),
         "plan": os.path.abspath(plan_path) if plan_path else f"torch {dtype}",
-        "components": plan_precisions(plan, dtype),
+        "components": plan_precisions(parts.plan, dtype),
         "frames": int(frames),
         "greedy_frames": [len(ref_codes), len(test_codes)],
         "greedy_equal_rate": equal / n if n else 1.0,
         "greedy_first_divergent_frame": first_divergence(ref_codes, test_codes),
     }
-    report.update(_teacher_forced(ref_be, test_rt.backend, prompt, lp, speaker, ref_codes))
-    report["vocoder_snr_db"] = _vocoder_snr(test_rt, checkpoint, ref_codes)
+    report.update(_teacher_forced(ref_be, parts.backend, prompt, lp, speaker, ref_codes))
+    report["vocoder_snr_db"] = _vocoder_snr(parts, checkpoint, ref_codes)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["gated"] = all(p.endswith("/fp32") for p in report["components"].values())
     report["passed"] = _gates_pass(report) if report["gated"] else None

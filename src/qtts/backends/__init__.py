@@ -1,70 +1,130 @@
-"""Runtimes behind the generation loop's seam (:class:`~qtts.backends.base.Backend`).
+"""Runtimes by implementation, and the one place where a model's parts are built.
 
-:func:`create_backend` picks one from an execution plan; a new runtime registers a factory in
-``FACTORIES`` under its plan ``impl`` name (``torch`` here; ``onnx`` and others are added by their
-modules). Factories are imported lazily so the core install never imports torch.
+``backends/<impl>.py`` owns everything that runtime executes: its generation backend (the seam of
+:mod:`qtts.backends.base`), its streaming vocoder, its encoders and its session helpers.
+:func:`open` reads a snapshot and an execution plan and builds each part once, with the runtime
+the plan names (torch where it names none), into :class:`Components`, the way piper builds
+``PiperVoice(config, session)``; :class:`qtts.TTS` takes the Components. Runtime modules are
+imported only when a plan names them: an ONNX plan never imports torch.
 """
 
 from __future__ import annotations
 
-import importlib
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import ModelConfig
 from ..errors import InputError
-from .base import Backend, sample_residuals
+from ..plan import Plan
+from .base import Backend, Context, Vocoder
 
-__all__ = ["Backend", "FACTORIES", "create_backend", "sample_residuals"]
+__all__ = ["Backend", "Components", "Vocoder", "default_threads", "open"]
 
-#: plan impl name -> "module:function"; the function is called as
-#: ``factory(snapshot_dir, components: dict, checkpoint=None, dtype=..., threads=...)``
-#: where ``components`` are the plan entries for ``talker`` / ``code_predictor``.
-FACTORIES: dict[str, str] = {
-    "torch": "qtts.backends.torch:create",
-    "onnx": "qtts.backends.onnx:create",
-    "qnn": "qtts.backends.qnn:create",
-}
+#: talker hidden sizes below this are test-sized checkpoints (the tiny random ones are 32 / 64)
+TINY_HIDDEN = 256
+#: intra-op threads for real sizes: more than 4 buys nothing for batch-1 steps (docs/performance.md)
+MAX_THREADS = 4
 
 
-def create_backend(
-    snapshot_dir: str,
-    plan: Any = None,
-    checkpoint: Any = None,
-    dtype: str = "float32",
-    threads: int | None = None,
-) -> Backend:
-    """The talker/predictor runtime named by ``plan`` (torch when the plan says nothing)."""
-    components = {}
-    for name in ("talker", "code_predictor"):
-        entry = _plan_entry(plan, name)
-        if entry is not None:
-            components[name] = entry
-    # a torch talker may pair with another code_predictor runtime (impl qnn: torch talker + QNN predictor)
-    impls = {_impl(e) for e in components.values()} - {"torch"} or {"torch"}
+def default_threads(config: ModelConfig) -> int:
+    """Intra-op threads when the caller sets none: 1 for tiny checkpoints (their per-step tensors
+    are so small that a thread pool costs more than it saves: 10x slower than one thread on a busy
+    2-core machine), else the core count capped at :data:`MAX_THREADS`."""
+    if config.talker.hidden_size < TINY_HIDDEN:
+        return 1
+    return max(1, min(os.cpu_count() or 1, MAX_THREADS))
+
+
+@dataclass(frozen=True)
+class Components:
+    """Everything a :class:`qtts.TTS` runs on, built once by :func:`open` (or by hand in tests)."""
+
+    config: ModelConfig
+    tokenizer: Any  # text -> ids (qtts.frontend.TextTokenizer)
+    backend: Backend  # talker + predictor: the generation seam
+    vocoder: Vocoder  # .stream(): a fresh stateful streaming decoder per utterance
+    speaker_encoder: Any = None  # .embed(wav_24k) -> x-vector; Base checkpoints only
+    speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
+    plan: Plan = field(default_factory=Plan)
+    threads: int | None = None  # the intra-op threads every part was built with
+
+    @property
+    def thread_safe(self) -> bool:
+        """Concurrent generations are safe when the backend says so (the vocoder is per stream)."""
+        return bool(getattr(self.backend, "thread_safe", False))
+
+
+def open(model: str, plan=None, dtype: str = "float32", threads: int | None = None,  # noqa: A001
+         backend: Backend | None = None) -> Components:
+    """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
+
+    ``plan``: None, a path, a dict or a :class:`~qtts.plan.Plan`; ``threads``: None picks
+    :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
+    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor.
+    """
+    from ..bundle import check_plan_source
+    from ..frontend import TextTokenizer
+    from ..plan import load_plan
+
+    snapshot = snapshot_dir(model)
+    config = ModelConfig.from_dir(snapshot)
+    plan = load_plan(plan)
+    check_plan_source(plan, snapshot)
+    ctx = Context(snapshot, config, dtype, threads or default_threads(config))
+    clones = config.tts_model_type == "base"
+    return Components(
+        config=config, tokenizer=TextTokenizer.from_dir(snapshot),
+        backend=backend or _generation(plan, ctx), vocoder=_part("vocoder", plan, ctx),
+        speaker_encoder=_part("speaker_encoder", plan, ctx) if clones else None,
+        speech_encoder=_part("speech_encoder", plan, ctx) if clones else None,
+        plan=plan, threads=ctx.threads,
+    )  # fmt: skip
+
+
+def snapshot_dir(model) -> str:
+    """A local snapshot directory as is (no torch import); hub ids through qtts.weights."""
+    if os.path.isdir(model):
+        return os.path.abspath(model)
+    from ..weights import resolve_snapshot
+
+    return resolve_snapshot(model)
+
+
+def _generation(plan: Plan, ctx: Context) -> Backend:
+    """Talker and predictor run in one runtime; a torch talker may pair with a qnn predictor."""
+    talker, predictor = plan.get("talker"), plan.get("predictor")
+    impls = {talker.impl, predictor.impl} - {"torch"} or {"torch"}
     if len(impls) != 1:
         raise InputError(
-            f"the plan mixes runtimes for talker and code_predictor ({', '.join(sorted(impls))}); "
+            f"the plan mixes runtimes for talker and predictor ({', '.join(sorted(impls))}); "
             "use the same impl for both"
         )
-    impl = impls.pop()
-    if impl not in FACTORIES:
-        raise InputError(
-            f"no generation backend for impl '{impl}'; valid: {', '.join(sorted(FACTORIES))}"
-        )
-    module, func = FACTORIES[impl].split(":")
-    factory = getattr(importlib.import_module(module), func)
-    return factory(snapshot_dir, components, checkpoint=checkpoint, dtype=dtype, threads=threads)
+    return _opener(impls.pop(), "generation")(talker, predictor, ctx)
 
 
-def _plan_entry(plan: Any, name: str):
-    if plan is None:
-        return None
-    if isinstance(plan, dict):
-        return plan.get(name)
-    getter = getattr(plan, "get", None) or getattr(plan, "component", None)
-    if getter is not None:
-        return getter(name)
-    return getattr(plan, name, None)
+def _part(name: str, plan: Plan, ctx: Context):
+    spec = plan.get(name)
+    return _opener(spec.impl, name)(spec, ctx)
 
 
-def _impl(entry: Any) -> str:
-    return entry.get("impl", "torch") if isinstance(entry, dict) else getattr(entry, "impl", "torch")
+def _opener(impl: str, part: str):
+    openers = _runtime(impl).OPENERS
+    if part not in openers:
+        raise InputError(f"impl '{impl}' cannot run the {part}; it runs: {', '.join(sorted(openers))}")
+    return openers[part]
+
+
+def _runtime(impl: str):
+    """The runtime module of a plan impl, imported only now (the optional extras stay optional)."""
+    if impl == "torch":
+        from . import torch as module
+    elif impl == "onnx":
+        from . import onnx as module
+    elif impl == "rknn":
+        from . import rknn as module
+    elif impl == "qnn":
+        from . import qnn as module
+    else:
+        raise InputError(f"unknown impl '{impl}'; valid: torch, onnx, rknn, qnn")
+    return module

@@ -1,39 +1,41 @@
-"""The backend seam: what the generation loop needs from a model runtime.
+"""The seams between the engine and a runtime, and what every runtime module gets to build its parts.
 
-The loop (:mod:`qtts.generate`) is numpy; a backend (torch, onnxruntime, ...) implements
-these six methods and nothing else. Backends never own the loop, never sample code 0 and
-never see text. See ``docs/backends.md``.
+A runtime module (``backends/torch.py``, ``onnx.py``, ``rknn.py``, ``qnn.py``) exposes ``OPENERS``:
+a dict from part name (``generation``, ``vocoder``, ``speaker_encoder``, ``speech_encoder``) to a
+function ``open_part(spec, ctx) -> part`` (``generation`` gets the talker and predictor specs).
+:func:`qtts.backends.open` calls them once per loaded model and keeps the parts in
+:class:`~qtts.backends.Components`. The parts:
 
-Shapes (``H`` = talker hidden size, all arrays numpy, embeddings float32):
+* **generation** (:class:`Backend`, six methods; the loop in :mod:`qtts.generate` drives it).
+  ``H`` = talker hidden size, all arrays numpy, embeddings float32:
 
-* ``text_embeds(ids [n]) -> [n, H]``: ``text_projection(text_embedding(ids))``.
-* ``codec_embeds(ids [n]) -> [n, H]``: rows of the talker ``codec_embedding`` (control ids,
-  CustomVoice speaker rows, codebook-0 codes).
-* ``frame_embeds(codes [n, 16]) -> [n, H]``: the sum of the 16 codebook embeddings of each frame
-  (talker ``codec_embedding`` for codebook 0, predictor ``codec_embedding[j-1]`` for codebook j).
-* ``new_state(max_len) -> state``: a fresh talker KV state able to hold ``max_len`` positions.
-* ``talker(embeds [T, H], pos, state) -> (logits [3072] float32, hidden [H], state)``: run ``T``
-  vectors at positions ``pos .. pos+T-1``; return the codec-head logits and the final-normed
-  hidden state of the **last** position, and the new state (callers use the returned one).
-* ``predict_frame(hidden [H], code0, params, uniforms [15]) -> codes [15] int64``: the code
-  predictor's 15 steps for one frame (fresh predictor cache every frame, all 16 positions kept),
-  codebooks 1..15. ``params`` is the sub-talker :class:`~qtts.options.SamplingParams`;
-  ``uniforms`` are pre-drawn U[0,1) numbers, one per step, so that a backend may sample inside
-  a fused graph and still follow the loop's seeded random stream (see :func:`sample_residuals`).
+  - ``text_embeds(ids [n]) -> [n, H]``: ``text_projection(text_embedding(ids))``;
+  - ``codec_embeds(ids [n]) -> [n, H]``: rows of the talker ``codec_embedding``;
+  - ``frame_embeds(codes [n, 16]) -> [n, H]``: the sum of the 16 codebook embeddings of a frame;
+  - ``new_state(max_len)``: a fresh talker KV state for ``max_len`` positions;
+  - ``talker(embeds [T, H], pos, state) -> (logits [3072], hidden [H], state)`` of the last position;
+  - ``predict_frame(hidden [H], code0, params, uniforms [15]) -> codes [15]``: the predictor's 15
+    steps of one frame (codebooks 1..15); ``uniforms`` let a fused graph sample in-graph and
+    still follow the loop's seeded random stream (see :func:`run_predictor_steps`).
+* **vocoder** (:class:`Vocoder`): ``stream()`` gives a fresh stateful :class:`VocoderStream` per
+  utterance: ``decode(codes [n, 16]) -> float32 [n * 1920]``, state carried across calls.
+* **speaker encoder**: ``embed(wav_24k) -> [enc_dim]`` (x-vector of a Base checkpoint).
+* **speech encoder**: ``encode(wav_24k) -> [ceil(N / 1920), 16]`` int64 (ICL reference codes).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-NUM_RESIDUAL = 15  # codebooks 1..15 come from the code predictor
+from ..config import PREDICTOR_STEPS, ModelConfig
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """The seam between :mod:`qtts.generate` and a runtime."""
+    """The generation seam between :mod:`qtts.generate` and a runtime."""
 
     #: talker hidden size H
     hidden_size: int
@@ -51,21 +53,49 @@ class Backend(Protocol):
     def predict_frame(self, hidden: np.ndarray, code0: int, params: Any, uniforms: np.ndarray) -> np.ndarray: ...
 
 
-def sample_residuals(step_logits, code0: int, params: Any, uniforms: np.ndarray) -> np.ndarray:
+class VocoderStream(Protocol):
+    """One utterance's streaming vocoder: every frame is final when decoded (no flush)."""
+
+    samples_per_frame: int
+
+    def reset(self) -> None: ...
+
+    def decode(self, codes: np.ndarray) -> np.ndarray: ...
+
+
+class Vocoder(Protocol):
+    """Built once per model (sessions, modules); ``stream()`` is cheap and per utterance."""
+
+    def stream(self) -> VocoderStream: ...
+
+
+@dataclass
+class Context:
+    """What the openers of one :func:`qtts.backends.open` call share."""
+
+    snapshot: str  # the checkpoint directory
+    config: ModelConfig
+    dtype: str = "float32"  # torch weights of the talker and speaker encoder (the vocoder stays fp32)
+    threads: int | None = None  # intra-op threads for every runtime
+    #: parts already loaded (e.g. torch modules by checkpoint component), so each loads once
+    cache: dict = field(default_factory=dict)
+
+
+def run_predictor_steps(step_logits, code0: int, params: Any, uniforms: np.ndarray) -> np.ndarray:
     """Drive the 15 predictor steps of one frame from a ``step_logits(j, code)`` callable.
 
     A backend that runs the predictor one step at a time implements ``predict_frame`` with
     this: ``step_logits(0, code0)`` runs the 2-vector prefill (hidden, code0) and returns the
     logits of ``lm_head[0]`` as numpy ``[2048]``; ``step_logits(j, code_j)`` for j >= 1 feeds
     codebook ``j``'s code at position ``j + 1`` and returns the logits of ``lm_head[j]``.
-    Sampling is :func:`qtts.generate.pick_residual` (no penalty, no suppression), one
+    Sampling is :func:`qtts.generate.pick_predictor_code` (no penalty, no suppression), one
     uniform per step.
     """
-    from ..generate import pick_residual
+    from ..generate import pick_predictor_code
 
-    codes = np.zeros(NUM_RESIDUAL, dtype=np.int64)
+    codes = np.zeros(PREDICTOR_STEPS, dtype=np.int64)
     code = int(code0)
-    for j in range(NUM_RESIDUAL):
-        code = pick_residual(step_logits(j, code), params, float(uniforms[j]))
+    for j in range(PREDICTOR_STEPS):
+        code = pick_predictor_code(step_logits(j, code), params, float(uniforms[j]))
         codes[j] = code
     return codes

@@ -1,27 +1,30 @@
-"""The onnxruntime backend: the seam of :mod:`qtts.backends.base` over an exported bundle.
+"""The onnxruntime runtime: everything that runs an exported bundle, with no torch anywhere.
 
-No torch anywhere: embeddings are numpy tables (memory-mapped ``.npy``), the text projection,
-talker and code predictor are ONNX graphs (see :mod:`qtts.export.graphs`).
-
-* Talker KV: one preallocated ``[1, kv_heads, max_len, head_dim]`` OrtValue per layer and kind,
-  bound as *both* the past input and the present output of GroupQueryAttention (I/O binding),
-  so each step writes only its new slots in place: no per-step KV copies.
-* Code predictor: either the fused frame graph (15 steps and the sampling in one run; host
-  uniforms keep the loop's seeded random stream) or the per-step graph with a 17-slot in-place
-  cache, fetching only ``logits_j`` of each step and sampling with :func:`qtts.generate.pick_residual`.
+* generation: :class:`OnnxBackend`. Embeddings are numpy tables (memory-mapped ``.npy``); the text
+  projection, talker and predictor are ONNX graphs (see :mod:`qtts.export.graphs`). Talker KV: one
+  preallocated ``[1, kv_heads, max_len, head_dim]`` OrtValue per layer and kind, bound as *both*
+  the past input and the present output of GroupQueryAttention (I/O binding), so each step writes
+  only its new slots in place. Predictor: the fused frame graph (15 steps and the sampling in one
+  run; host uniforms keep the loop's seeded random stream) or the per-step graph with a 17-slot
+  in-place cache, fetching only ``logits_j`` of each step.
+* vocoder: :class:`OnnxVocoder`, the ``main`` / ``first`` step graphs of ``qtts export vocoder``
+  (the step contract is read from the graph's metadata).
+* encoders: :class:`OnnxSpeakerEncoder` (numpy log-mel + graph), :class:`OnnxSpeechEncoder`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from ..bundle import read_manifest
+from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import sample_residuals
+from .base import Context, run_predictor_steps
+from .step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +63,25 @@ class _KVBinding:
         ort = require("onnxruntime", "onnx", "the onnx backend")
         self.io = session.io_binding()
         self.session = session
-        for name in outputs:  # bound first: io.get_outputs() keeps this order
-            self.io.bind_output(name)
         self.buffers = []
         for i in range(layers):
             for kind in ("key", "value"):
                 buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=np.float32))
                 self.io.bind_ortvalue_input(f"past_{kind}_{i}", buf)
-                self.io.bind_ortvalue_output(f"present_{kind}_{i}", buf)
-                self.buffers.append(buf)
+                self.buffers.append((f"present_{kind}_{i}", buf))
         self.cos, self.sin = cos, sin  # kept alive: bound by pointer
         self.io.bind_cpu_input("cos_cache", cos)
         self.io.bind_cpu_input("sin_cache", sin)
         self.max_len = shape[2]
+        self.bind_outputs(outputs)
+
+    def bind_outputs(self, names: list) -> None:
+        """Fetch ``names`` (``run`` returns them first, in this order); presents stay in place."""
+        self.io.clear_binding_outputs()
+        for name in names:  # io.get_outputs() keeps the binding order
+            self.io.bind_output(name)
+        for name, buf in self.buffers:
+            self.io.bind_ortvalue_output(name, buf)
 
     def run(self, embeds: np.ndarray, pos: int) -> list:
         t = embeds.shape[1]
@@ -85,17 +94,8 @@ class _KVBinding:
         return self.io.get_outputs()
 
 
-@dataclass
-class TalkerState:
-    """Talker KV state of one generation (preallocated OrtValues + their I/O binding)."""
-
-    binding: Any
-    max_len: int
-    extra: dict = field(default_factory=dict)
-
-
 class OnnxBackend:
-    """Talker + code predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
+    """Talker + predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
 
     def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = False):
         """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest graph info."""
@@ -109,8 +109,8 @@ class OnnxBackend:
         self.hidden_size = int(self.codec_table.shape[1])
         self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
         self.talker_sess = open_session(artifacts["talker"], threads, spinning)
-        self.predictor_mode = meta["code_predictor"]["mode"]
-        self.predictor_sess = open_session(artifacts["code_predictor"], threads, spinning)
+        self.predictor_mode = meta["predictor"]["mode"]
+        self.predictor_sess = open_session(artifacts["predictor"], threads, spinning)
         self._pred_binding = None
 
     # -- embeddings (numpy tables + the text projection graph) ----------------------------------------
@@ -126,13 +126,14 @@ class OnnxBackend:
         return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)]
 
     def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, 16)
+        codes = np.asarray(codes, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
         parts = [self.codec_table[codes[:, 0]]]
         parts += [self.predictor_tables[j][codes[:, j + 1]] for j in range(codes.shape[1] - 1)]
         return np.stack(parts, axis=1).sum(axis=1, dtype=np.float32)
 
     # -- talker ----------------------------------------------------------------------------------------
-    def new_state(self, max_len: int) -> TalkerState:
+    def new_state(self, max_len: int) -> _KVBinding:
+        """One generation's talker KV: preallocated OrtValues and their I/O binding."""
         t = self.meta["talker"]
         max_len = int(max_len)
         if max_len > len(self.rope_cos):
@@ -140,15 +141,14 @@ class OnnxBackend:
         shape = (1, t["kv_heads"], max_len, t["head_dim"])
         cos = np.ascontiguousarray(self.rope_cos[:max_len])
         sin = np.ascontiguousarray(self.rope_sin[:max_len])
-        binding = _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
-        return TalkerState(binding, max_len)
+        return _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
 
-    def talker(self, embeds: np.ndarray, pos: int, state: TalkerState):
+    def talker(self, embeds: np.ndarray, pos: int, state: _KVBinding):
         x = np.ascontiguousarray(np.asarray(embeds, dtype=np.float32)[None])
-        logits, hidden = state.binding.run(x, int(pos))[:2]
+        logits, hidden = state.run(x, int(pos))[:2]
         return logits.numpy()[0], hidden.numpy()[0], state
 
-    # -- code predictor --------------------------------------------------------------------------------
+    # -- predictor -------------------------------------------------------------------------------------
     def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
         if self.predictor_mode == "frame":
             return self._predict_fused(hidden, code0, params, uniforms)
@@ -160,7 +160,7 @@ class OnnxBackend:
         feeds = {
             "hidden": np.asarray(hidden, dtype=np.float32).reshape(1, -1),
             "code0": np.array([int(code0)], dtype=np.int64),
-            "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(15),
+            "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(PREDICTOR_STEPS),
             "temperature": np.array([params.temperature or 1.0], dtype=np.float32),
             "top_k": np.array([min(max(top_k, 1), vocab)], dtype=np.int64),
             "top_p": np.array([1.0 if params.top_p is None else params.top_p], dtype=np.float32),
@@ -169,7 +169,7 @@ class OnnxBackend:
         return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
 
     def _predict_steps(self, hidden, code0, params, uniforms) -> np.ndarray:
-        p = self.meta["code_predictor"]
+        p = self.meta["predictor"]
         if self._pred_binding is None:
             shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
             cos = np.ascontiguousarray(self.rope_cos[: p["max_len"]])
@@ -183,15 +183,10 @@ class OnnxBackend:
                 x, pos = np.concatenate([h, self.codec_table[[code]][None]], axis=1), 0
             else:
                 x, pos = self.predictor_tables[j - 1][[code]][None], j + 1
-            binding.io.bind_output(f"logits_{j}")
-            out = binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)
-            binding.io.clear_binding_outputs()
-            for i in range(p["layers"]):
-                for k, kind in enumerate(("key", "value")):
-                    binding.io.bind_ortvalue_output(f"present_{kind}_{i}", binding.buffers[2 * i + k])
-            return out[0].numpy()[0]
+            binding.bind_outputs([f"logits_{j}"])
+            return binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)[0].numpy()[0]
 
-        return sample_residuals(step_logits, code0, params, uniforms)
+        return run_predictor_steps(step_logits, code0, params, uniforms)
 
 
 class OnnxSpeakerEncoder:
@@ -219,32 +214,66 @@ class OnnxSpeechEncoder:
         return np.ascontiguousarray(codes[0].T, dtype=np.int64)
 
 
-def _artifact_path(entry: Any, key: str = "main") -> str:
-    artifacts = entry.get("artifacts") if isinstance(entry, dict) else getattr(entry, "artifacts", None)
-    if not artifacts or key not in artifacts:
-        raise InputError(f"plan entry {entry!r} has no '{key}' artifact; re-run 'qtts export onnx'")
-    path = artifacts[key]
-    return os.fspath(getattr(path, "path", path))
+class OnnxVocoder(StepVocoder):
+    """onnxruntime sessions of the ``main`` and optional ``first`` vocoder step graphs (built once)."""
+
+    def __init__(self, main: str, first: str | None = None, threads: int | None = None, session_factory=None):
+        make = session_factory or (lambda path: open_session(path, threads))
+        sessions = {p: make(p) for p in [main] + ([first] if first else [])}
+        contracts = {p: session_contract(s, p) for p, s in sessions.items()}
+        self.contract = pair_contracts(contracts, main)
+        self.sessions = {contracts[p].codes_length: s for p, s in sessions.items()}
+        self.sizes = sorted(self.sessions, reverse=True)
+
+    def run(self, size, codes, freqs, valid, cache):
+        feeds = dict(zip(STEP_INPUTS, (codes, freqs, valid, cache)))
+        audio, cache = self.sessions[size].run(list(STEP_OUTPUTS), feeds)
+        return audio, cache
 
 
-def create(snapshot_dir: str, components: dict, checkpoint=None, dtype: str = "float32", threads=None):
-    """Factory for ``impl: onnx`` (see :data:`qtts.backends.FACTORIES`); the bundle manifest lies
-    next to the talker graph and names the tables and the text projection."""
-    from ..export.onnx import read_manifest
+def session_contract(session, path: str) -> StepContract:
+    """The step contract (B, N, head_dim, ...) of a vocoder step session, from the graph metadata."""
+    dims = {i.name: list(i.shape) for i in session.get_inputs()}
+    missing = [n for n in STEP_INPUTS if n not in dims]
+    if missing:
+        raise InputError(
+            f"{path}: not a qtts vocoder step (missing inputs {missing}); export one with `qtts export vocoder`"
+        )
+    meta = session.get_modelmeta().custom_metadata_map
+    if "qtts.step_contract" not in meta:
+        raise InputError(f"{path}: no qtts.step_contract metadata; re-export it with `qtts export vocoder`")
+    contract = StepContract.from_dict(json.loads(meta["qtts.step_contract"]), path)
+    shape_ok = (
+        dims["audio_codes"] == [1, contract.num_quantizers, contract.codes_length]
+        and dims["freqs_in"] == [contract.codes_length, contract.head_dim // 2]
+        and dims["cache_in"] == [contract.cache_size]
+    )
+    if not shape_ok:
+        raise InputError(f"{path}: graph input shapes {dims} disagree with its metadata {contract}")
+    return contract
 
-    if "talker" not in components or "code_predictor" not in components:
-        raise InputError("an onnx plan must name both 'talker' and 'code_predictor' (impl: onnx)")
-    talker_path = _artifact_path(components["talker"])
-    bundle = os.path.dirname(os.path.abspath(talker_path))
+
+# ----------------------------------------------------------------------------- openers
+def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
+    """The bundle manifest lies next to the talker graph and names the tables and the text projection."""
+    if talker_spec.impl != "onnx" or predictor_spec.impl != "onnx":
+        raise InputError("an onnx plan must name both 'talker' and 'predictor' (impl: onnx)")
+    bundle = os.path.dirname(talker_spec.artifacts["main"])
     manifest = read_manifest(bundle)
     artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
-    artifacts["talker"] = talker_path
-    artifacts["code_predictor"] = _artifact_path(components["code_predictor"])
-    if threads is None:  # plan options: {"threads": N} on the talker entry
-        threads = _options(components["talker"]).get("threads")
+    artifacts.update(talker=talker_spec.artifacts["main"], predictor=predictor_spec.artifacts["main"])
+    threads = talker_spec.options.get("threads", ctx.threads)
     return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
 
 
-def _options(entry: Any) -> dict:
-    options = entry.get("options") if isinstance(entry, dict) else getattr(entry, "options", None)
-    return dict(options or {})
+def open_vocoder(spec, ctx: Context) -> OnnxVocoder:
+    """Plan options: ``threads``."""
+    return OnnxVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("threads", ctx.threads))
+
+
+OPENERS = {
+    "generation": open_generation,
+    "vocoder": open_vocoder,
+    "speaker_encoder": lambda spec, ctx: OnnxSpeakerEncoder(spec.artifacts["main"], ctx.threads),
+    "speech_encoder": lambda spec, ctx: OnnxSpeechEncoder(spec.artifacts["main"], ctx.threads),
+}

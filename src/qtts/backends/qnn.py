@@ -1,36 +1,145 @@
-"""``impl: qnn`` generation backend: the torch talker, the code predictor on Qualcomm QNN HTP.
+"""The Qualcomm QNN runtime (onnxruntime-qnn, HTP fp16; x86 emulation here, the NPU on a Snapdragon).
 
-The talker stays in torch (its ONNX graph uses onnxruntime's GroupQueryAttention contrib op,
-which QNN cannot take); the code predictor, 74 % of the CPU time per frame, runs as the plain
-fixed-shape step of :mod:`qtts.export.qnn` on the QNN execution provider (HTP fp16; emulated on
-x86). :class:`PlainPredictor` drives that step from numpy for any runtime with a
-``run(feeds) -> (logits, kv)`` callable (QNN here, ExecuTorch in ``scripts/executorch_row.py``).
+* generation: :class:`QnnBackend`, the torch talker with the predictor (74 % of the CPU time per
+  frame) as the plain fixed-shape step of :mod:`qtts.export.qnn` on the QNN EP. The talker's ONNX
+  graph uses onnxruntime's GroupQueryAttention contrib op, which QNN cannot take.
+  :class:`PlainPredictor` drives that step from numpy for any runtime with a
+  ``run(feeds) -> (logits, kv)`` callable (QNN here, ExecuTorch in ``scripts/executorch_row.py``).
+* vocoder: :class:`QnnVocoder`, the ONNX vocoder step of ``qtts export vocoder`` on QNN sessions
+  (the step squares with ``x * x`` and folds SnakeBeta's ``exp``, so the HTP ``Pow(-0, 2)`` bug
+  cannot bite).
 
-Plan entry::
+onnxruntime-qnn >= 2.x is a *plugin* execution provider: it must be registered with
+``ort.register_execution_provider_library`` and attached to a session through its EP devices
+(``SessionOptions.add_provider_for_devices``). The legacy ``providers=["QNNExecutionProvider"]``
+path silently runs on the CPU EP, so :func:`qnn_session` never uses it, and it disables the CPU
+fallback by default: a graph with any node QNN cannot take fails at session creation instead of
+quietly running part of it on the CPU. HTP facts (docs/npu.md): static shapes only, no contrib
+ops; ``enable_htp_fp16_precision=1`` needs ``soc_model`` (43/57/60/69 emulate the same); without
+fp16 the emulator cannot finalize real graphs; it computes ``Pow(-0.0, 2) = -4``.
 
-    {"code_predictor": {"impl": "qnn", "artifacts": {"main": "predictor_step.onnx"},
-                        "options": {"soc_model": "57", "fp16": true}, "precision": "fp16"}}
+Plan entries (``options`` for both: :class:`QnnOptions`)::
+
+    {"predictor": {"impl": "qnn", "artifacts": {"main": "predictor_step.onnx"}, "precision": "fp16"},
+     "vocoder": {"impl": "qnn", "artifacts": {"main": "vocoder_step4.onnx"}, "precision": "fp16"}}
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
-from .base import sample_residuals
-from .torch import TorchBackend, torch_dtype
+from ..config import PREDICTOR_STEPS
+from ..errors import InputError, QttsError, require
+from .base import Context, run_predictor_steps
+from .onnx import OnnxVocoder
+from .torch import TorchBackend, load_part
 
 log = logging.getLogger(__name__)
 
-SLOTS = 17
-MASK_NEG = -1e4
+_registered = threading.Lock()
+_done = False
+
+EP_NAME = "QNNExecutionProvider"
+
+
+@dataclass(frozen=True)
+class QnnOptions:
+    """How a QNN session is built (plan ``options`` of a ``qnn`` entry)."""
+
+    soc_model: str = "57"  # Snapshdragon SoC id the HTP compiler targets (57 = SM8550); fp16 needs one
+    fp16: bool = True  # HTP fp16 precision; the fp32 emulation path cannot finalize real graphs
+    backend: str = "htp"  # htp (NPU) | gpu; there is no cpu backend library in onnxruntime-qnn
+    cpu_fallback: bool = False  # True lets ORT run unsupported nodes on the CPU EP (never silently)
+
+    @classmethod
+    def from_plan(cls, options) -> QnnOptions:
+        opts = dict(options or {})
+        known = {"soc_model", "fp16", "backend", "cpu_fallback", "threads"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise InputError(f"qnn options: unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
+        return cls(
+            soc_model=str(opts.get("soc_model", cls.soc_model)),
+            fp16=bool(opts.get("fp16", cls.fp16)),
+            backend=str(opts.get("backend", cls.backend)),
+            cpu_fallback=bool(opts.get("cpu_fallback", cls.cpu_fallback)),
+        )
+
+
+def _modules():
+    ort = require("onnxruntime", "qnn", "the QNN execution provider")
+    oq = require("onnxruntime_qnn", "qnn", "the QNN execution provider")
+    return ort, oq
+
+
+def register() -> None:
+    """Register the QNN plugin EP library with onnxruntime (once per process)."""
+    global _done
+    ort, oq = _modules()
+    with _registered:
+        if _done:
+            return
+        # Measured here: when soundfile first loads libsndfile *after* a QNN HTP session was
+        # created, every sf.write fails ("Invalid combination of format, subtype and endian").
+        # Loading it before the QNN libraries avoids that (soundfile is a core dependency).
+        require("soundfile", "qnn", "audio I/O")
+        try:
+            ort.register_execution_provider_library(oq.get_ep_name(), oq.get_library_path())
+        except Exception as exc:  # onnxruntime raises its own Fail type; re-raise ours with a hint
+            if "already registered" not in str(exc):
+                raise QttsError(f"could not register the QNN EP ({exc}); reinstall onnxruntime-qnn") from exc
+        _done = True
+
+
+def provider_options(opts: QnnOptions) -> dict:
+    _, oq = _modules()
+    libs = {"htp": "libQnnHtp.so", "gpu": "libQnnGpu.so"}
+    if opts.backend not in libs:
+        raise InputError(f"qnn backend '{opts.backend}' is not shipped by onnxruntime-qnn; use htp or gpu")
+    out = {"backend_path": os.path.join(os.path.dirname(oq.__file__), libs[opts.backend])}
+    if opts.fp16:
+        out.update({"enable_htp_fp16_precision": "1", "soc_model": opts.soc_model})
+    return out
+
+
+def qnn_session(path: str, opts: QnnOptions | None = None):
+    """An ``InferenceSession`` for ``path`` on the QNN EP (no CPU fallback unless ``opts`` allow it)."""
+    ort, _ = _modules()
+    opts = opts or QnnOptions()
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: ONNX file not found")
+    register()
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+    if not devices:
+        raise QttsError(
+            "onnxruntime lists no QNN EP device; is onnxruntime-qnn installed for this onnxruntime?"
+        )
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if opts.cpu_fallback else "1")
+    so.add_provider_for_devices(devices, provider_options(opts))
+    try:
+        return ort.InferenceSession(path, sess_options=so)
+    except Exception as exc:  # ORT's Fail / InvalidGraph: name the usual causes
+        raise QttsError(
+            f"{path}: QNN could not compile the graph ({exc}). QNN needs static shapes and standard ONNX "
+            "ops (no com.microsoft contrib ops); export with `qtts export qnn`"
+        ) from exc
+
+
+SLOTS = PREDICTOR_STEPS + 2  # the plain predictor step's cache: hidden, code 0, codebooks 1..15
+MASK_NEG = -1e4  # finite: fp16 hardware keeps it, softmax underflows it to 0
+STEP_INPUTS = ("embeds", "slot", "mask", "head", "kv")
+STEP_OUTPUTS = ("logits", "kv_out")
 
 
 class PlainPredictor:
-    """One frame of the code predictor over a fixed-shape step (see :mod:`qtts.export.qnn`).
+    """One frame of the predictor over a fixed-shape step (see :mod:`qtts.export.qnn`).
 
     ``run(embeds, slot, mask, head, kv) -> (logits [1, vocab], kv_out)`` with numpy in and out;
     ``codec_table [V0, H]`` is the talker's codec embedding (code 0), ``tables [15, V, H]`` the
@@ -56,7 +165,7 @@ class PlainPredictor:
         )
 
     def frame_logits(self, hidden: np.ndarray) -> Callable[[int, int], np.ndarray]:
-        """A ``step_logits(j, code)`` callable for :func:`~qtts.backends.base.sample_residuals`."""
+        """A ``step_logits(j, code)`` callable for :func:`~qtts.backends.base.run_predictor_steps`."""
         kv = np.zeros(self.kv_shape, np.float32)
         _, kv = self.step(hidden, 0, 0, kv)  # the talker hidden state at slot 0 (its logits unused)
 
@@ -69,24 +178,23 @@ class PlainPredictor:
         return step_logits
 
     def predict_frame(self, hidden, code0: int, params, uniforms) -> np.ndarray:
-        return sample_residuals(self.frame_logits(hidden), code0, params, uniforms)
+        return run_predictor_steps(self.frame_logits(hidden), code0, params, uniforms)
 
 
 def session_runner(session) -> tuple[Callable, tuple]:
     """(run callable, kv shape) for an onnxruntime session of the plain predictor step."""
-    names = ("embeds", "slot", "mask", "head", "kv")
     shapes = {i.name: i.shape for i in session.get_inputs()}
-    if set(shapes) != set(names):
+    if set(shapes) != set(STEP_INPUTS):
         raise InputError(f"not a qtts plain predictor step (inputs {sorted(shapes)}); use `qtts export qnn`")
 
     def run(*arrays):
-        return session.run(["logits", "kv_out"], dict(zip(names, arrays)))
+        return session.run(list(STEP_OUTPUTS), dict(zip(STEP_INPUTS, arrays)))
 
     return run, tuple(shapes["kv"])
 
 
 class QnnBackend(TorchBackend):
-    """Torch talker + QNN code predictor; the predictor runs one frame at a time (not thread safe)."""
+    """Torch talker + QNN predictor; the predictor runs one frame at a time (not thread safe)."""
 
     thread_safe = False
 
@@ -108,22 +216,24 @@ def torch_tables(talker) -> tuple[np.ndarray, np.ndarray]:
     return codec, tables
 
 
-def create(snapshot_dir: str, components: dict, checkpoint=None, dtype: str = "float32", threads=None):
-    """Factory for ``impl: qnn`` (:data:`qtts.backends.FACTORIES`): code predictor on QNN, talker torch."""
-    from ..qnn import QnnOptions, qnn_session
-    from .onnx import _artifact_path
+class QnnVocoder(OnnxVocoder):
+    """:class:`~qtts.backends.onnx.OnnxVocoder` whose sessions are QNN EP sessions."""
 
-    entry = components.get("code_predictor")
-    if entry is None or getattr(entry, "impl", None) != "qnn":
-        raise InputError(
-            "impl qnn runs the code_predictor only; name it in the plan (the talker stays torch)"
-        )
-    if checkpoint is None:
-        from ..weights import load_checkpoint
+    def __init__(self, main: str, first: str | None = None, options=None):
+        opts = options if isinstance(options, QnnOptions) else QnnOptions.from_plan(options)
+        super().__init__(main, first, session_factory=lambda path: qnn_session(path, opts))
 
-        checkpoint = load_checkpoint(snapshot_dir, dtype=torch_dtype(dtype), components=("talker",))
-    talker = checkpoint.model.talker
-    session = qnn_session(_artifact_path(entry), QnnOptions.from_plan(getattr(entry, "options", None)))
+
+def open_generation(talker_spec, predictor_spec, ctx: Context) -> QnnBackend:
+    if predictor_spec.impl != "qnn" or talker_spec.impl != "torch":
+        raise InputError("impl qnn runs the predictor only; name it in the plan (the talker stays torch)")
+    talker = load_part(ctx, "talker")
+    session = qnn_session(predictor_spec.artifacts["main"], QnnOptions.from_plan(predictor_spec.options))
     run, kv_shape = session_runner(session)
-    codec, tables = torch_tables(talker)
-    return QnnBackend(talker, PlainPredictor(run, codec, tables, kv_shape), threads=threads)
+    return QnnBackend(talker, PlainPredictor(run, *torch_tables(talker), kv_shape), threads=ctx.threads)
+
+
+OPENERS = {
+    "generation": open_generation,
+    "vocoder": lambda spec, ctx: QnnVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options),
+}

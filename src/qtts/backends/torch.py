@@ -1,9 +1,14 @@
-"""The torch backend: the seam of :mod:`qtts.backends.base` over ``qtts.model`` modules.
+"""The torch runtime: everything that runs ``qtts.model`` modules.
 
-Static KV buffers (one talker cache per generation, one reused 17-slot predictor cache per
-thread, so concurrent generations on one backend do not interfere),
-fp32 or bf16 weights, ``torch.inference_mode``. Embeddings cross the seam as float32 numpy;
-inputs are cast to the model dtype inside.
+* generation: :class:`TorchBackend` (static KV buffers: one talker cache per generation, one
+  reused 17-slot predictor cache per thread, so concurrent generations do not interfere; fp32 or
+  bf16 weights; embeddings cross the seam as float32 numpy);
+* vocoder: :class:`TorchVocoder` (the stateful :class:`~qtts.model.vocoder_step.VocoderStep`,
+  fp32, exact-size steps built lazily and shared by every stream) or :class:`TorchFullVocoder`
+  (re-decodes the whole prefix: the exact reference, O(n^2));
+* encoders: :class:`TorchSpeakerEncoder` (numpy log-mel + ECAPA), :class:`TorchSpeechEncoder`.
+
+Checkpoint components are loaded once per :func:`qtts.backends.open` (:func:`load_part`).
 """
 
 from __future__ import annotations
@@ -13,32 +18,50 @@ import threading
 
 import numpy as np
 
-from ..errors import require
-from .base import sample_residuals
+from ..errors import InputError, require
+from .base import Context, run_predictor_steps
+from .step import StepContract, StepVocoder, check_codes, rope_freqs
 
 log = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16")
+_MAIN_DTYPE = ("talker", "speaker_encoder")  # the speech tokenizer (decoder, encoder) stays fp32
 
 
 def torch_dtype(name: str):
-    torch = require("torch", "torch", "the torch backend")
+    torch = require("torch", "torch", "the torch runtime")
     if name not in _DTYPES:
-        from ..errors import InputError
-
         raise InputError(f"dtype '{name}' is not supported; valid: {', '.join(_DTYPES)}")
     return getattr(torch, name)
 
 
+def load_part(ctx: Context, name: str):
+    """The torch module of checkpoint component ``name`` (talker, speaker_encoder, decoder, encoder).
+
+    Loaded once per context. The speech tokenizer stays fp32 whatever the talker dtype: bf16
+    vocoders are where peers found NaN/noise, and it is a small share of the time.
+    """
+    key = ("torch", name)
+    if key not in ctx.cache:
+        from ..weights import load_checkpoint
+
+        dtype = torch_dtype(ctx.dtype if name in _MAIN_DTYPE else "float32")
+        ckpt = load_checkpoint(ctx.snapshot, dtype=dtype, components=(name,))
+        root = ckpt.model if name in _MAIN_DTYPE else ckpt.speech_tokenizer
+        ctx.cache[key] = getattr(root, name)
+    return ctx.cache[key]
+
+
+# ----------------------------------------------------------------------------- generation
 class TorchBackend:
-    """Talker + code predictor in torch; implements :class:`~qtts.backends.base.Backend`."""
+    """Talker + predictor in torch; implements :class:`~qtts.backends.base.Backend`."""
 
     #: concurrent generations are safe: modules are stateless, KV state is per call, the
     #: predictor cache is per thread
     thread_safe = True
 
     def __init__(self, talker, threads: int | None = None):
-        torch = require("torch", "torch", "the torch backend")
+        torch = require("torch", "torch", "the torch runtime")
         if threads:
             torch.set_num_threads(int(threads))
         self._torch = torch
@@ -92,23 +115,171 @@ class TorchBackend:
             nonlocal cache
             ids = self._ids([[code]])
             if j == 0:
-                x = torch.cat([h.view(1, 1, -1), self.talker_module.embed_codec(ids)], dim=1)
-                pos = 0
+                x, pos = torch.cat([h.view(1, 1, -1), self.talker_module.embed_codec(ids)], dim=1), 0
             else:
                 x, pos = self.predictor.embed(j - 1, ids), j + 1
             out, cache = self.predictor(x, pos, cache)
             return self._out(self.predictor.head(j, out[0, -1]))
 
         with torch.inference_mode():
-            codes = sample_residuals(step_logits, code0, params, uniforms)
+            codes = run_predictor_steps(step_logits, code0, params, uniforms)
         self._local.cache = cache
         return codes
 
 
-def create(snapshot_dir: str, components: dict, checkpoint=None, dtype: str = "float32", threads=None):
-    """Factory used by :func:`qtts.backends.create_backend` for ``impl: torch``."""
-    if checkpoint is None:
-        from ..weights import load_checkpoint
+# ----------------------------------------------------------------------------- vocoder
+class TorchVocoder(StepVocoder):
+    """VocoderStep in torch: ``main``-frame steps, then one exact-size step for a remainder (nothing
+    is padded). Steps are built lazily per size, share the decoder weights and one set of folded
+    constants, and serve every stream (their state is explicit)."""
 
-        checkpoint = load_checkpoint(snapshot_dir, dtype=torch_dtype(dtype), components=("talker",))
-    return TorchBackend(checkpoint.model.talker, threads=threads)
+    exact_remainder = True
+
+    def __init__(self, decoder, main: int = 16, threads: int | None = None):
+        self._torch = require("torch", "torch", "the torch vocoder")
+        dtype = next(decoder.parameters()).dtype
+        if dtype != self._torch.float32:
+            raise InputError(
+                f"the streaming vocoder step runs in float32 (its state is an fp32 tensor), but the "
+                f"decoder weights are {dtype}; load the speech tokenizer in float32 "
+                "(load_checkpoint(..., speech_tokenizer_dtype=torch.float32))"
+            )
+        self.decoder = decoder.eval()
+        self.threads = threads
+        self._steps: dict = {}
+        self._lock = threading.Lock()
+        probe = self.step(int(main))
+        self.contract = StepContract(
+            int(main), probe.cache_size, decoder.config.head_dim, probe.layout.kv_slots,
+            probe.samples_per_frame, tuple(float(x) for x in probe.inv_freq()), decoder.config.num_quantizers,
+        )  # fmt: skip
+        self.sizes = [int(main)]
+
+    def step(self, size: int):
+        """The :class:`~qtts.model.vocoder_step.VocoderStep` of ``size`` frames (built once)."""
+        from ..model.vocoder_step import VocoderStep
+
+        with self._lock:
+            if size not in self._steps:
+                like = next(iter(self._steps.values()), None)
+                self._steps[size] = VocoderStep(self.decoder, size, like=like).eval()
+            return self._steps[size]
+
+    def run(self, size, codes, freqs, valid, cache):
+        torch = self._torch
+        step = self.step(size)
+        prev = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            with torch.inference_mode():
+                args = (torch.from_numpy(codes), torch.from_numpy(freqs), torch.from_numpy(valid))
+                audio, cache = step(*args, torch.from_numpy(cache))
+        finally:
+            torch.set_num_threads(prev)
+        return audio.float().numpy(), cache.float().numpy()
+
+
+class TorchFullVocoder:
+    """The offline decoder re-run over the whole prefix on every call (exact reference)."""
+
+    def __init__(self, decoder):
+        self._torch = require("torch", "torch", "the torch vocoder")
+        self.decoder = decoder.eval()
+
+    def stream(self) -> _FullStream:
+        return _FullStream(self)
+
+
+class _FullStream:
+    def __init__(self, vocoder: TorchFullVocoder):
+        self.vocoder = vocoder
+        self.samples_per_frame = vocoder.decoder.samples_per_frame
+        self.reset()
+
+    def reset(self) -> None:
+        self._codes = np.zeros((0, self.vocoder.decoder.config.num_quantizers), dtype=np.int64)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        codes = check_codes(codes, self.vocoder.decoder.config.num_quantizers)
+        done = len(self._codes) * self.samples_per_frame
+        self._codes = np.concatenate([self._codes, codes])
+        if not len(codes):
+            return np.zeros(0, dtype=np.float32)
+        torch = self.vocoder._torch
+        with torch.inference_mode():
+            wav = self.vocoder.decoder(torch.from_numpy(self._codes.T[None].copy()))
+        return wav.reshape(-1).float().numpy()[done:]
+
+
+def step_decode(step_for, codes, schedule: list[int]) -> np.ndarray:
+    """Decode ``codes [1,16,T]`` (torch) with VocoderSteps of the sizes in ``schedule`` (sum == T);
+    ``step_for(B)`` returns a step. Used by ``qtts verify vocoder`` and the tests."""
+    torch = require("torch", "torch", "the torch vocoder")
+    if sum(schedule) != codes.shape[-1]:
+        raise ValueError(f"schedule sums to {sum(schedule)}, codes have {codes.shape[-1]} frames")
+    cache, pos, outs = None, 0, []
+    with torch.no_grad():
+        for b in schedule:
+            step = step_for(b)
+            cache = step.init_cache() if cache is None else cache
+            freqs = torch.from_numpy(rope_freqs(pos, b, step.inv_freq()))
+            wav, cache = step(codes[:, :, pos : pos + b], freqs, step.cache_valid(pos), cache)
+            outs.append(wav.numpy())
+            pos += b
+    return np.concatenate(outs)
+
+
+# ----------------------------------------------------------------------------- encoders
+class TorchSpeakerEncoder:
+    """x-vector ``[enc_dim]`` (float32) of a mono 24 kHz waveform: numpy log-mel + the ECAPA module."""
+
+    def __init__(self, encoder):
+        self._torch = require("torch", "torch", "the torch speaker encoder")
+        self.encoder = encoder.eval()
+
+    def embed(self, wav_24k: np.ndarray) -> np.ndarray:
+        from ..mel import log_mel
+
+        torch = self._torch
+        mel = torch.from_numpy(np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32))[None]
+        param = next(self.encoder.parameters())
+        with torch.inference_mode():
+            out = self.encoder(mel.to(device=param.device, dtype=param.dtype))[0]
+        return out.float().cpu().numpy()
+
+
+class TorchSpeechEncoder:
+    """ICL reference codes ``[ceil(N/1920), 16]`` int64 of a mono 24 kHz waveform."""
+
+    def __init__(self, encoder):
+        self._torch = require("torch", "torch", "the torch speech encoder")
+        self.encoder = encoder.eval()
+
+    def encode(self, wav_24k: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        wav = torch.from_numpy(np.ascontiguousarray(wav_24k, dtype=np.float32))[None]
+        with torch.inference_mode():
+            codes = self.encoder.encode(wav)
+        return codes[0].cpu().numpy().astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- openers
+def open_generation(talker_spec, predictor_spec, ctx: Context) -> TorchBackend:
+    return TorchBackend(load_part(ctx, "talker"), threads=ctx.threads)
+
+
+def open_vocoder(spec, ctx: Context):
+    """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``."""
+    decoder = load_part(ctx, "decoder")
+    if spec.options.get("mode", "step") == "full":
+        return TorchFullVocoder(decoder)
+    return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads))
+
+
+OPENERS = {
+    "generation": open_generation,
+    "vocoder": open_vocoder,
+    "speaker_encoder": lambda spec, ctx: TorchSpeakerEncoder(load_part(ctx, "speaker_encoder")),
+    "speech_encoder": lambda spec, ctx: TorchSpeechEncoder(load_part(ctx, "encoder")),
+}

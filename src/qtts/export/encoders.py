@@ -20,7 +20,7 @@ from ..errors import require
 def export_speaker_encoder(model, path: str, frames: int = 200) -> dict:
     """Export a :class:`qtts.model.speaker.SpeakerEncoder`; returns its manifest description."""
     torch = require("torch", "export", "ONNX export")
-    from .onnx import export_graph
+    from .write import export_graph
 
     cfg = model.config
     example = torch.randn(1, frames, cfg.mel_dim)
@@ -33,7 +33,7 @@ def export_speaker_encoder(model, path: str, frames: int = 200) -> dict:
 def export_speech_encoder(model, path: str, seconds: float = 2.0) -> dict:
     """Export a :class:`qtts.model.codec_encoder.Encoder`; returns its manifest description."""
     torch = require("torch", "export", "ONNX export")
-    from .onnx import export_graph
+    from .write import export_graph
 
     example = 0.1 * torch.randn(1, int(seconds * model.config.sampling_rate))
     dyn = {"wav": {0: "batch", 1: "samples"}, "codes": {0: "batch", 2: "frames"}}

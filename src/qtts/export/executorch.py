@@ -4,23 +4,23 @@
 ``executorch.runtime``. Needs the ``.venv-et`` environment (``scripts/setup_executorch_env.sh``:
 executorch 1.5.1 next to torch 2.13 CPU); nothing in the core package imports this module.
 
-* :func:`export_predictor_pte`: :class:`~qtts.export.qnn` ``PlainPredictorStep`` (17-slot KV,
+* :func:`export_predictor_pte`: :class:`~qtts.export.graphs.PlainPredictorStep` (17-slot KV,
   one-hot slot, 15 heads gathered by index); driven by :class:`qtts.backends.qnn.PlainPredictor`.
 * :func:`export_vocoder_pte`: :class:`~qtts.model.vocoder_step.VocoderStep` of ``B`` frames;
-  driven by :class:`EtStepDecoder` (the same schedule as the ONNX step decoder).
+  driven by :class:`EtVocoder` (the step schedule of :mod:`qtts.backends.step`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections import Counter
 
 import numpy as np
 
-from ..decoders import FixedStepDecoder
+from ..backends.step import StepVocoder
 from ..errors import require
+from ..files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,8 @@ def _lower(module, args, out: str) -> dict:
     )
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".pte.tmp", dir=os.path.dirname(out))
-    with os.fdopen(fd, "wb") as fh:
+    with atomic_path(out, ".pte.part") as tmp, open(tmp, "wb") as fh:
         fh.write(edge.to_executorch().buffer)
-    os.replace(tmp, out)
     return {"path": out, "bytes": os.path.getsize(out), "delegate_calls": nodes["delegated"],
             "portable_ops": nodes["portable"]}  # fmt: skip
 
@@ -55,30 +53,21 @@ def _lower(module, args, out: str) -> dict:
 def export_predictor_pte(talker, out: str) -> dict:
     """The plain code-predictor step of ``talker`` (a loaded fp32 talker module) -> ``out`` .pte."""
     torch = require("torch", "export", "the ExecuTorch export")
-    from .qnn import example_inputs, plain_step_class
+    from .qnn import example_inputs, plain_step
 
     predictor = talker.code_predictor.float().eval()
-    step = plain_step_class()(predictor)
+    step = plain_step(predictor)
     args = tuple(torch.from_numpy(a) for a in example_inputs(predictor.cfg, int(talker.cfg.hidden_size)))
     return _lower(step, args, out)
 
 
 def export_vocoder_pte(decoder, codes_length: int, out: str) -> dict:
     """The B-frame vocoder step of a loaded fp32 ``decoder`` -> ``out`` .pte."""
-    torch = require("torch", "export", "the ExecuTorch export")
     from ..model.vocoder_step import VocoderStep
+    from .vocoder import example_args, step_contract
 
     step = VocoderStep(decoder.float().eval(), int(codes_length)).eval()
-    kv_slots = step.layout.kv_slots
-    args = (
-        torch.zeros(1, decoder.config.num_quantizers, int(codes_length), dtype=torch.int64),
-        step.rope_freqs(0),
-        torch.full((1,), float(min(int(codes_length), kv_slots))),
-        step.init_cache(),
-    )
-    report = _lower(step, args, out)
-    from .vocoder import step_contract
-
+    report = _lower(step, example_args(step), out)
     report["contract"] = step_contract(step)
     return report
 
@@ -105,13 +94,13 @@ def method_runner(method):
     return run
 
 
-class EtStepDecoder(FixedStepDecoder):
-    """Streaming speech decoder over one ExecuTorch vocoder step (zero-padded remainders)."""
+class EtVocoder(StepVocoder):
+    """The streaming vocoder over one ExecuTorch vocoder step (zero-padded remainders)."""
 
     def __init__(self, path: str, contract, threads: int | None = 1):
         self._run_step = method_runner(load_method(path, threads))
-        super().__init__(contract, [contract.codes_length])
+        self.contract, self.sizes = contract, [contract.codes_length]
 
-    def _run(self, size, codes, freqs, valid, cache):
+    def run(self, size, codes, freqs, valid, cache):
         audio, cache = self._run_step(codes, freqs, valid, cache)
         return audio, cache

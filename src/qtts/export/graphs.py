@@ -11,8 +11,10 @@ are emitted through ``torch.autograd.Function.symbolic`` so the runtime gets fus
   and ``total_sequence_length = pos + T``. When the runtime binds the *same* buffer to past and
   present (I/O binding), GQA writes only the new slots in place: no KV copy per step.
 
-In torch (tracing, parity tests) the same functions run a plain reference implementation, so
-``wrapper(...)`` equals the core model's ``forward`` up to float rounding.
+In torch (tracing, parity tests) the same functions run the core model's own primitives
+(:mod:`qtts.model.layers`: ``rms_norm``, ``apply_rope``, ``grouped_attention``, ``swiglu``), so
+``wrapper(...)`` equals the core model's ``forward`` up to float rounding; only the attention
+kernel (GQA with its cache I/O) and the fused projections are written here.
 
 Graphs:
 
@@ -24,13 +26,28 @@ Graphs:
 * :class:`PredictorFrameGraph`: the whole frame (prefill + 14 steps, 15 heads) unrolled in one
   graph with in-graph greedy / inverse-CDF top-k/top-p sampling driven by host uniforms.
 * :class:`TextProjectionGraph`: ``text_projection`` over host-gathered ``text_embedding`` rows.
+* :class:`PlainPredictorStep`: one predictor vector with plain ops only, for NPUs (see
+  :mod:`qtts.export.qnn`).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..config import PREDICTOR_STEPS
+from ..model.layers import (
+    apply_rope,
+    causal_mask,
+    grouped_attention,
+    rope_angles,
+    rope_cos_sin,
+    rope_inv_freq,
+    swiglu,
+)
+from ..model.layers import (
+    rms_norm as _rms_norm,
+)
 
 # ---------------------------------------------------------------------------- contrib-op functions
 
@@ -38,8 +55,7 @@ from torch import nn
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float):
-        x32 = x.float()
-        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return _rms_norm(x, weight, eps)
 
     @staticmethod
     def symbolic(g, x, weight, eps: float):
@@ -47,17 +63,8 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """RMSNorm with the core module's weight/eps (normalise in fp32, then scale)."""
+    """RMSNorm with the core module's weight/eps, as the onnxruntime contrib op when exported."""
     return _RMSNorm.apply(x, norm.weight, float(norm.eps))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B,heads,T,hd]; cos/sin [T, hd/2] (rotate-half convention)."""
-    cos = torch.cat((cos, cos), dim=-1)
-    sin = torch.cat((sin, sin), dim=-1)
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
 
 
 class _GQA(torch.autograd.Function):
@@ -70,21 +77,15 @@ class _GQA(torch.autograd.Function):
         b, t, _ = q.shape
         hd = past_k.shape[-1]
         pos = int(total_len) - t
-        cos, sin = cos_cache[pos : pos + t], sin_cache[pos : pos + t]
-        q = _rope(q.view(b, t, heads, hd).transpose(1, 2), cos, sin)
-        k = _rope(k.view(b, t, kv_heads, hd).transpose(1, 2), cos, sin)
-        v = v.view(b, t, kv_heads, hd).transpose(1, 2)
+        cos = torch.cat([cos_cache[pos : pos + t]] * 2, dim=-1)  # half-width tables -> [t, hd]
+        sin = torch.cat([sin_cache[pos : pos + t]] * 2, dim=-1)
+        q = apply_rope(q.view(b, t, heads, hd).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(b, t, kv_heads, hd).transpose(1, 2), cos, sin)
         present_k, present_v = past_k.clone(), past_v.clone()
         present_k[:, :, pos : pos + t] = k
-        present_v[:, :, pos : pos + t] = v
-        groups = heads // kv_heads
-        keys = present_k[:, :, : pos + t].repeat_interleave(groups, dim=1)
-        values = present_v[:, :, : pos + t].repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * hd**-0.5
-        qpos = torch.arange(t)[:, None] + pos
-        kpos = torch.arange(pos + t)[None, :]
-        scores = scores.masked_fill(kpos > qpos, torch.finfo(scores.dtype).min)
-        out = torch.matmul(F.softmax(scores.float(), dim=-1).to(q.dtype), values)
+        present_v[:, :, pos : pos + t] = v.view(b, t, kv_heads, hd).transpose(1, 2)
+        keys, values = present_k[:, :, : pos + t], present_v[:, :, : pos + t]
+        out = grouped_attention(q, keys, values, causal_mask(pos, t), hd**-0.5)
         return out.transpose(1, 2).reshape(b, t, heads * hd), present_k, present_v
 
     @staticmethod
@@ -104,10 +105,8 @@ class _GQA(torch.autograd.Function):
 
 
 def rope_tables(max_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin caches ``[max_len, head_dim/2]`` in fp32 (same formula as ``layers.rope_cos_sin``)."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    freqs = torch.arange(max_len).float()[:, None] * inv_freq[None, :]
+    """cos/sin caches ``[max_len, head_dim/2]`` in fp32 (the core model's RoPE angles)."""
+    freqs = rope_angles(torch.arange(max_len), rope_inv_freq(head_dim, theta))
     return freqs.cos(), freqs.sin()
 
 
@@ -145,7 +144,7 @@ class FusedLayer(nn.Module):
         x = x + torch.matmul(att, self.o)
         gu = torch.matmul(rms_norm(x, self.post_attention_layernorm), self.gate_up)
         gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
-        return x + torch.matmul(F.silu(gate) * up, self.down), pk, pv
+        return x + torch.matmul(swiglu(gate, up), self.down), pk, pv
 
 
 def fused_layers(layers, cfg) -> nn.ModuleList:
@@ -185,7 +184,7 @@ class TalkerGraph(nn.Module):
 
 
 class PredictorStepGraph(nn.Module):
-    """One code-predictor call: ``(embeds [1,T,H_talker], seqlens_k, total_len, cos, sin, *past)``
+    """One predictor call: ``(embeds [1,T,H_talker], seqlens_k, total_len, cos, sin, *past)``
     -> ``(logits_0 .. logits_14 [1,2048], *present)`` of the last position."""
 
     def __init__(self, predictor: nn.Module):
@@ -247,7 +246,7 @@ class PredictorFrameGraph(nn.Module):
     """A whole frame: ``(hidden [1,H], code0 [1] i64, uniforms [15], temperature [1], top_k [1] i64,
     top_p [1], do_sample [1] bool) -> codes [15] i64``. The 17-slot caches live inside the graph."""
 
-    def __init__(self, talker: nn.Module, max_len: int = 17):
+    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2):
         super().__init__()
         predictor = talker.code_predictor
         self.cfg = cfg = predictor.cfg
@@ -268,7 +267,7 @@ class PredictorFrameGraph(nn.Module):
         pasts = [torch.zeros(shape) for _ in range(2 * cfg.num_hidden_layers)]
         x = torch.stack([hidden, self.codec0[code0]], dim=1)  # [1, 2, H_talker]
         codes, pos = [], 0
-        for j in range(15):
+        for j in range(PREDICTOR_STEPS):
             t = x.shape[1]
             seqlens = torch.tensor([pos + t - 1], dtype=torch.int32)
             total = torch.tensor(pos + t, dtype=torch.int32)
@@ -277,7 +276,7 @@ class PredictorFrameGraph(nn.Module):
             code = pick_in_graph(logits, uniforms[j : j + 1], temperature, top_k, top_p, do_sample)
             codes.append(code)
             pos += t
-            if j < 14:
+            if j < PREDICTOR_STEPS - 1:
                 x = self.tables[j][code][:, None, :]  # [1, 1, H_talker]
         return torch.cat(codes)
 
@@ -291,3 +290,49 @@ class TextProjectionGraph(nn.Module):
 
     def forward(self, rows):
         return self.proj(rows)
+
+
+class PlainPredictorStep(nn.Module):
+    """One vector through the predictor with plain, fixed-shape ops (QNN HTP, ExecuTorch).
+
+    ``(embeds [1,1,H_talker], slot [1,17] one-hot, mask [1,17] additive, head [1] int64,
+    kv [layers, 2, kv_heads, 17, head_dim]) -> (logits [1, vocab], kv_out)``. Norms, RoPE, the
+    q/k projections and the MLP are the core modules'; only the attention kernel differs: the new
+    row is written at the one-hot slot and the mask is an input (no contrib ops, no dynamic shapes).
+    """
+
+    def __init__(self, predictor, slots: int = PREDICTOR_STEPS + 2):
+        super().__init__()
+        self.p = predictor.float().eval()
+        cfg = self.cfg = predictor.cfg
+        cos, sin = rope_cos_sin(torch.arange(slots), cfg.head_dim, cfg.rope_theta, torch.float32)
+        self.register_buffer("cos", cos)  # [17, hd]
+        self.register_buffer("sin", sin)
+        self.register_buffer("heads", torch.stack([h.weight.detach() for h in predictor.lm_head]))
+        self.slots = slots
+
+    def _attn(self, attn, x, cos, sin, slot, mask, kv):
+        q, k, v = (t[0] for t in attn.qkv(x, cos, sin, shape=(1, 1)))  # [heads, 1, hd], [kvh, 1, hd] x2
+        sel = slot.view(1, self.slots, 1)  # write the new row at the one-hot slot
+        kc = kv[0] * (1.0 - sel) + k * sel
+        vc = kv[1] * (1.0 - sel) + v * sel
+        cfg = self.cfg  # python ints: no Shape / Pow nodes in the graph
+        heads, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qg = q.reshape(kvh, heads // kvh, hd)
+        scores = torch.matmul(qg, kc.transpose(1, 2)) * (hd**-0.5) + mask.view(1, 1, self.slots)
+        out = torch.matmul(torch.softmax(scores, dim=-1), vc).reshape(1, 1, heads * hd)
+        return attn.o_proj(out), torch.stack([kc, vc])
+
+    def forward(self, embeds, slot, mask, head, kv):
+        x = self.p.small_to_mtp_projection(embeds)
+        cos = torch.matmul(slot, self.cos).view(1, 1, -1)
+        sin = torch.matmul(slot, self.sin).view(1, 1, -1)
+        new = []
+        for i, layer in enumerate(self.p.model.layers):
+            o, kvi = self._attn(layer.self_attn, layer.input_layernorm(x), cos, sin, slot, mask, kv[i])
+            x = x + o
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            new.append(kvi)
+        x = self.p.model.norm(x).view(1, 1, -1)
+        w = self.heads[head]  # [1, vocab, hidden]: Gather of the chosen head
+        return torch.matmul(x, w.transpose(1, 2)).view(1, -1), torch.stack(new)

@@ -38,7 +38,7 @@ def quantize_file(
         raise InputError(f"block size {block_size} is not supported; use 32, 64 or 128")
     onnx = require("onnx", "export", "weight quantization")
     nbits = require("onnxruntime.quantization.matmul_nbits_quantizer", "export", "weight quantization")
-    from .onnx import save_model
+    from .write import save_model
 
     model = onnx.load(path)
     quant = nbits.MatMulNBitsQuantizer(

@@ -11,7 +11,7 @@ rknn-toolkit2 pins numpy 1.x and onnx <= 1.18, so it lives in its own environmen
   builds fp16 (``do_quantization=False``: int8 makes the Snake activations audibly noisy),
   exports, then decodes random codes step by step in the toolkit's simulator and with
   onnxruntime and prints the SNR; it writes the contract next to the output (``<out>.json``),
-  which the on-board :class:`qtts.decoders.RknnStepDecoder` reads.
+  which the on-board :class:`qtts.backends.rknn.RknnVocoder` reads.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _compact_log(path: str, keep: int = 20) -> list[str]:
 
 # ----------------------------------------------------------------------------- converter half
 def rope_freqs(start: int, count: int, inv_freq):
-    """Same as qtts.decoders.rope_freqs (duplicated: this half cannot import qtts)."""
+    """Same as qtts.backends.step.rope_freqs (duplicated: this half cannot import qtts)."""
     import numpy as np
 
     pos = np.arange(start, start + count, dtype=np.float32)[:, None]

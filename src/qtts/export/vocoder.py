@@ -17,9 +17,9 @@ from collections import Counter
 
 import numpy as np
 
-from ..decoders import STEP_INPUTS, STEP_OUTPUTS, OnnxStepDecoder, StepContract
+from ..backends.step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
 from ..errors import InputError, QttsError, require
-from .single_file import export_single_file
+from .write import export_single_file
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +47,33 @@ def step_contract(step) -> StepContract:
     )  # fmt: skip
 
 
+def example_args(step) -> tuple:
+    """Tracing inputs of a step: zero codes, the angles of positions 0.., a mid-range history count."""
+    torch = require("torch", "export", "exporting the vocoder")
+    b = step.codes_length
+    return (
+        torch.zeros(1, step.decoder.config.num_quantizers, b, dtype=torch.int64),
+        torch.from_numpy(rope_freqs(0, b, step.inv_freq())),
+        torch.full((1,), float(min(b, step.layout.kv_slots))),  # mid-range: no clamp branch folds away
+        step.init_cache(),
+    )
+
+
 def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
     """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report."""
-    torch = require("torch", "export", "exporting the vocoder")
+    require("torch", "export", "exporting the vocoder")
     from ..model.vocoder_step import VocoderStep
 
     if int(codes_length) < 1:
         raise InputError(f"--codes-length must be >= 1, got {codes_length}")
-    decoder = load_decoder(model)
-    step = VocoderStep(decoder, int(codes_length)).eval()
+    step = VocoderStep(load_decoder(model), int(codes_length)).eval()
     contract = step_contract(step)
-    b, nq = contract.codes_length, contract.num_quantizers
-    args = (
-        torch.zeros(1, nq, b, dtype=torch.int64),
-        step.rope_freqs(0),
-        torch.full((1,), float(min(b, contract.kv_slots))),  # mid-range: no clamp branch folds away
-        step.init_cache(),
-    )
     out = export_single_file(
-        step, args, out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
+        step, example_args(step), out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
     )
     report = graph_report(out)
-    report.update(path=out, codes_length=b, cache_size=contract.cache_size, head_dim=contract.head_dim)
+    report.update(path=out, codes_length=step.codes_length, cache_size=contract.cache_size,
+                  head_dim=contract.head_dim)  # fmt: skip
     log.info("exported %s: %d nodes, risky ops %s", out, report["nodes"], report["risky_ops"] or "none")
     return report
 
@@ -134,9 +139,10 @@ def verify_onnx(model, main: str, first: str | None = None, frames: int = 300, s
     """SNR (dB) of onnxruntime stepwise decoding vs the torch offline decode of random codes."""
     torch = require("torch", "torch", "the reference decode")
     from ..audio import snr_db
+    from ..backends.onnx import OnnxVocoder
 
     decoder = load_decoder(model)
-    dec = OnnxStepDecoder(main, first)
+    dec = OnnxVocoder(main, first).stream()
     nq = dec.contract.num_quantizers
     codes = np.random.default_rng(seed).integers(0, decoder.config.codebook_size, (frames, nq))
     with torch.inference_mode():

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from .layers import LayerScale, rotate_half
+from .layers import Attention, LayerScale, rope_inv_freq
 
 _CODEBOOK_EPS = 1e-5
 
@@ -107,34 +107,6 @@ class SEANetEncoder(nn.Module):
         return x
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
-        super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        )
-        h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads, T, hd]
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -148,15 +120,25 @@ class MLP(nn.Module):
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.mlp = MLP(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention (SDPA, the official kernel) over all positions of ``x [B, T, H]``."""
+        a = self.self_attn
+        q, k, v = a.qkv(x, cos, sin)
+        if a.kv_heads != a.heads:
+            k = k.repeat_interleave(a.heads // a.kv_heads, dim=1)
+            v = v.repeat_interleave(a.heads // a.kv_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads, T, hd]
+        return a.o_proj(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
     def forward(self, x, cos, sin):
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin))
+        x = x + self.self_attn_layer_scale(self.attend(self.input_layernorm(x), cos, sin))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -168,10 +150,9 @@ class Transformer(nn.Module):
 
     def rope(self, t: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[T, head_dim]`` in float32 (rotate-half layout), positions 0..T-1."""
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
-        inv_freq = 1.0 / (self.theta**exponent)
+        inv_freq = rope_inv_freq(self.head_dim, self.theta, device)
         pos = torch.arange(t, device=device, dtype=torch.float32)
-        freqs = inv_freq[:, None] @ pos[None, :]  # [hd/2, T]
+        freqs = inv_freq[:, None] @ pos[None, :]  # [hd/2, T], as the official code computes it
         emb = torch.cat((freqs, freqs), dim=0).transpose(0, 1)
         return emb.cos(), emb.sin()
 

@@ -4,6 +4,9 @@ Pure torch. Numerics follow the official implementation (``qwen_tts`` 0.1.1 on t
 4.57.3):
 
 * RMSNorm: normalise in float32, cast back to the input dtype, then multiply by the weight.
+  The functional pieces (:func:`rms_norm`, :func:`apply_rope`, :func:`swiglu`,
+  :func:`grouped_attention`) are what the export graphs (``qtts.export.graphs``,
+  ``qtts.export.qnn``) reuse; they rewrite only the attention kernel and the cache I/O.
 * RoPE: rotate-half convention, ``inv_freq = theta^(-2i/d)``, cos/sin computed in float32 and
   cast to the activation dtype. The talker's interleaved M-RoPE with identical t/h/w position
   streams (always the case for TTS) is exactly this plain 1-D RoPE.
@@ -23,6 +26,19 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32; no Cast node when it already is (keeps exported graphs clean)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise in fp32, cast back, scale. Squares with ``x * x`` (bit-equal to ``pow(2)`` in torch;
+    no ``Pow`` in exported graphs, which QNN HTP gets wrong for -0.0)."""
+    h = fp32(x)
+    h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps)
+    return weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -30,24 +46,28 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """``theta^(-2i/head_dim)`` for i in 0..head_dim/2-1, float32 (same formula as HF 'default')."""
+    """``theta^(-2i/head_dim)`` for i in 0..head_dim/2-1, float32 (same formula as HF 'default').
+
+    The one definition: the talker, the predictor, the vocoder transformer and every export use it.
+    """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     return 1.0 / (theta**exponent)
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``[T, head_dim/2]`` fp32 angles ``pos * inv_freq`` for integer ``positions [T]``."""
+    return positions.float()[:, None] * inv_freq[None, :]
 
 
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables ``[T, head_dim]`` for integer ``positions [T]`` (computed in fp32)."""
-    inv_freq = rope_inv_freq(head_dim, theta, device=positions.device)
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    freqs = rope_angles(positions, rope_inv_freq(head_dim, theta, device=positions.device))
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -83,15 +103,29 @@ def causal_mask(pos: int, t: int, device=None) -> torch.Tensor | None:
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+    """Qwen3 attention projections (q/k RMSNorm when ``eps`` is given; the speech tokenizer's
+    transformers have none) and the talker/predictor kernel over the static KV cache."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.q_norm = RMSNorm(head_dim, eps) if eps is not None else nn.Identity()
+        self.k_norm = RMSNorm(head_dim, eps) if eps is not None else nn.Identity()
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, shape: tuple[int, int] | None = None):
+        """``x [B, T, H]`` -> rotated q ``[B, heads, T, hd]``, k, v ``[B, kvh, T, hd]`` (cos/sin ``[T, hd]``).
+
+        ``shape``: (B, T) as python ints for fixed-shape graphs (no Shape nodes when traced).
+        """
+        b, t = shape or x.shape[:2]
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(
         self,
@@ -103,11 +137,7 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # [T, pos+T] bool or None
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         kv[0, :, :, pos : pos + t] = k
         kv[1, :, :, pos : pos + t] = v
         out = grouped_attention(q, kv[0, :, :, : pos + t], kv[1, :, :, : pos + t], mask, self.head_dim**-0.5)
@@ -142,7 +172,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The Qwen3 MLP's gate: ``silu(gate) * up``."""
+    return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):

@@ -6,12 +6,12 @@ Module paths equal the checkpoint keys under ``speaker_encoder.``:
 
 Every conv uses reflect "same" padding (left = d*(k-1)//2, right = the rest), like
 ``nn.Conv1d(padding="same", padding_mode="reflect")`` in the official model.
-Input: log-mel ``[B, frames, 128]`` from :func:`qtts.mel.log_mel`; output ``[B, enc_dim]``.
+Input: log-mel ``[B, frames, 128]`` from :func:`qtts.mel.log_mel` (the runtimes compute it on the
+host); output ``[B, enc_dim]``.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -137,13 +137,3 @@ class SpeakerEncoder(nn.Module):
         x = self.mfa(torch.cat(outs[1:], dim=1))
         return self.fc(self.asp(x)).squeeze(-1)  # [B, enc_dim]
 
-
-@torch.inference_mode()
-def embed(encoder: SpeakerEncoder, wav_24k: np.ndarray) -> np.ndarray:
-    """Speaker embedding ``[enc_dim]`` (float32) of a mono 24 kHz waveform (log-mel + encoder)."""
-    from ..mel import log_mel
-
-    mel = torch.from_numpy(log_mel(wav_24k))[None]
-    param = next(encoder.parameters())
-    out = encoder(mel.to(device=param.device, dtype=param.dtype))[0]
-    return out.float().cpu().numpy()

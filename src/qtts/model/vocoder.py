@@ -11,8 +11,9 @@ Pipeline for codes ``[B, 16, T]``:
    SnakeBeta, causal conv k7 -> 1 channel, clamp to [-1, 1].
 
 Every convolution is causal (left zero padding), which is what makes the stateful streaming
-step in :mod:`qtts.model.vocoder_step` exact. The helpers here (``attend``, ``SnakeBeta.coefficients``,
-``rope_inv_freq``) are shared with that step so both compute the same function.
+step in :mod:`qtts.model.vocoder_step` exact. The helpers here (``attend``, ``SnakeBeta.coefficients``)
+and the Qwen3 primitives of :mod:`qtts.model.layers` (RMSNorm, MLP, RoPE) are shared with that step
+so both compute the same function.
 """
 
 from __future__ import annotations
@@ -24,16 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
-from .layers import LayerScale, rotate_half
+from .layers import MLP, Attention, LayerScale, RMSNorm, fp32, rope_angles, rope_inv_freq
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
-
-
-def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """[head_dim/2] fp32 inverse frequencies, computed exactly like the official default RoPE init."""
-    idx = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
-    return 1.0 / (theta ** (idx / head_dim))
 
 
 # ----------------------------------------------------------------------------- quantizer
@@ -195,42 +190,6 @@ class DecoderBlock(nn.Module):
 
 
 # ----------------------------------------------------------------------------- transformer
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _fp32(x)
-        h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + self.eps)  # h*h: no Pow in exports
-        return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
-
-
-def _fp32(x: torch.Tensor) -> torch.Tensor:
-    """x in float32; no Cast node when it already is (keeps exported graphs clean)."""
-    return x if x.dtype == torch.float32 else x.float()
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, nh * hd, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
-        self.n_heads, self.n_kv, self.head_dim = nh, nkv, hd
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, T, D] -> rotated q [B, nh, T, hd], k, v [B, nkv, T, hd]; cos/sin [T, hd]."""
-        b, t = int(x.shape[0]), int(x.shape[1])
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Softmax attention with an additive bias; q [B, nh, Tq, hd], k/v [B, nkv, Tk, hd] -> [B, Tq, nh*hd]."""
     b, nh, tq, hd = (int(d) for d in q.shape)  # python ints: no Shape/Pow nodes when traced
@@ -239,27 +198,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * float(hd**-0.5) + bias
-    probs = torch.softmax(_fp32(scores), dim=-1)
+    probs = torch.softmax(fp32(scores), dim=-1)
     out = torch.matmul(probs if q.dtype == torch.float32 else probs.to(q.dtype), v)
     return out.transpose(1, 2).reshape(b, tq, nh * hd)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
@@ -283,8 +231,7 @@ class PreTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, latent] -> [B, T, latent]; positions 0..T-1, sliding-window causal mask."""
         t = x.shape[1]
-        pos = torch.arange(t, device=x.device, dtype=torch.float32)
-        angles = pos[:, None] * rope_inv_freq(self.head_dim, self.theta, x.device)[None, :]
+        angles = rope_angles(torch.arange(t, device=x.device), rope_inv_freq(self.head_dim, self.theta, x.device))
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         i = torch.arange(t, device=x.device)

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
-from .vocoder import RESIDUAL_DILATIONS, Decoder, SnakeBeta, attend, rope_inv_freq, snake
+from .layers import rope_inv_freq
+from .vocoder import RESIDUAL_DILATIONS, Decoder, SnakeBeta, attend, snake
 
 MASK_VALUE = -100.0  # exp(-100) == 0 in fp16; -3e4 leaks through the NPU softmax
 
@@ -174,12 +175,9 @@ class VocoderStep(nn.Module):
     def init_cache(self) -> torch.Tensor:
         return torch.zeros(self.layout.size, dtype=torch.float32)
 
-    def rope_freqs(self, start: int) -> torch.Tensor:
-        from ..decoders import rope_freqs
-
-        return torch.from_numpy(rope_freqs(start, self.codes_length, self.inv_freq()))
-
     def inv_freq(self) -> np.ndarray:
+        """fp32 RoPE inverse frequencies; the host turns them into ``freqs_in`` for each step
+        (``qtts.backends.step.rope_freqs``: positions reduced mod 2*pi)."""
         cfg = self.decoder.config
         return rope_inv_freq(cfg.head_dim, cfg.rope_theta).numpy()
 
@@ -234,7 +232,7 @@ class VocoderStep(nn.Module):
         bias = self.attn_mask + self._slot_bias(cache_valid)
         h = t.input_proj(x)
         for i, layer in enumerate(t.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h), cos, sin)
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h), cos, sin, shape=(1, self.codes_length))
             kname, vname = f"pre_transformer.layers.{i}.k", f"pre_transformer.layers.{i}.v"
             k_all = torch.matmul(self.kv_sel_hist, c[kname]) + torch.matmul(self.kv_sel_cur, k[0])
             v_all = torch.matmul(self.kv_sel_hist, c[vname]) + torch.matmul(self.kv_sel_cur, v[0])
@@ -263,18 +261,3 @@ class VocoderStep(nn.Module):
         wav = h.clamp(min=-1.0, max=1.0).reshape(-1)
         return wav, torch.cat([out[e.name].reshape(-1) for e in self.layout.entries])
 
-
-def step_decode(step_for, codes: torch.Tensor, schedule: list[int]) -> np.ndarray:
-    """Decode ``codes [1,16,T]`` with steps of the sizes in ``schedule`` (sum == T); ``step_for(B)``
-    returns a VocoderStep. Used by tests and ``qtts verify vocoder``."""
-    if sum(schedule) != codes.shape[-1]:
-        raise ValueError(f"schedule sums to {sum(schedule)}, codes have {codes.shape[-1]} frames")
-    cache, pos, outs = None, 0, []
-    with torch.no_grad():
-        for b in schedule:
-            step = step_for(b)
-            cache = step.init_cache() if cache is None else cache
-            wav, cache = step(codes[:, :, pos : pos + b], step.rope_freqs(pos), step.cache_valid(pos), cache)
-            outs.append(wav.numpy())
-            pos += b
-    return np.concatenate(outs)

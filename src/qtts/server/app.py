@@ -119,6 +119,7 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
 
 def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     """The ASGI app. ``engine=None``: not ready until ``app.state.qtts.set_engine(tts)``."""
+    from .page import router as page_router
     from .speech import router as speech_router
     from .voice_routes import router as voice_router
 
@@ -131,13 +132,15 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
         if state.scheduler is not None:
             state.scheduler.shutdown()
 
-    app = FastAPI(title="qtts", version=__version__, lifespan=lifespan,
+    # redirect_slashes=False: Starlette builds the redirect from the client's Host header
+    app = FastAPI(title="qtts", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Streaming Qwen3-TTS speech synthesis with an OpenAI-compatible API.")
     app.state.qtts = state
     install_error_handlers(app)
     _ops_routes(app, state)
     app.include_router(speech_router)
     app.include_router(voice_router)
+    app.include_router(page_router)
     app.add_middleware(AccessMiddleware, state=state)
 
     if engine is not None:

@@ -1,12 +1,15 @@
 """OpenAI-style errors: every failure is ``{"error": {"message", "type", "code", "param"}}``.
 
 FastAPI's own errors (422 validation, 404/405 routing, body parsing) are mapped into the same
-shape; request validation becomes 400, as OpenAI does.
+shape; request validation becomes 400, as OpenAI does. Messages never show server paths: any
+path inside the voices directory is replaced by ``<voices>/...`` (:func:`public_message`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -122,10 +125,26 @@ def validation_message(errors) -> tuple[str, str | None]:
     return "; ".join(msgs) or "invalid request", first
 
 
+def public_message(message: str, directory: str | None) -> str:
+    """``message`` with every path under ``directory`` (the voices directory) shortened to
+    ``<voices>/...``, so error bodies never reveal where the server keeps its files."""
+    if not directory:
+        return message
+    sep = re.escape(os.sep)
+    pattern = re.escape(directory.rstrip(os.sep)) + rf"(?:{sep}[^\s'\"]*|(?![^\s'\"(),;:.]))"
+    return re.sub(pattern, "<voices>/...", message)
+
+
+def _voices_dir(request: Request) -> str | None:
+    state = getattr(request.app.state, "qtts", None)
+    return getattr(getattr(state, "store", None), "directory", None)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+        message = public_message(exc.message, _voices_dir(request))
+        return error_response(exc.status, message, exc.code, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -136,7 +155,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         status = exc.status_code
         if status == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}; see /openapi.json"
+            path = request.url.path
+            hint = " (no trailing slash)" if path.endswith("/") and len(path) > 1 else ""
+            message = f"no such endpoint: {request.method} {path}{hint}; see /openapi.json"
         elif status == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:

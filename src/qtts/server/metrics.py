@@ -118,11 +118,15 @@ class ServerMetrics:
         self.cancelled = Counter(p + "requests_cancelled_total",
                                  "Generations stopped early because the client went away.")
         self.rtf = Histogram(p + "rtf", "Real-time factor per request: generation wall time / audio "
-                             "duration (lower is faster).", (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5))
+                             "duration (lower is faster).", (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10, 20))
         self.ttfa = Histogram(p + "ttfa_seconds", "Time to first audio: request admitted to first "
-                              "encoded bytes ready.", (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10))
+                              "response bytes ready (includes the queue wait).",
+                              (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300))
         self.queue_wait = Histogram(p + "queue_wait_seconds", "Time a request waited for a worker.",
-                                    (0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120))
+                                    (0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300))
+        self.connections_closed = Counter(p + "connections_closed_total", "Connections the server closed "
+                                          "for a client: header_timeout, body_timeout, write_timeout, "
+                                          "over_limit.", ("reason",))
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for a worker.")
         self.in_flight = Gauge(p + "in_flight", "Generations running now.")
         self.ready = Gauge(p + "ready", "1 when the model is loaded and the server accepts work.")
@@ -130,6 +134,7 @@ class ServerMetrics:
     def render(self) -> str:
         lines: list[str] = []
         for m in (self.requests, self.errors, self.audio_seconds, self.frames, self.cancelled, self.rtf,
-                  self.ttfa, self.queue_wait, self.queue_depth, self.in_flight, self.ready):
+                  self.ttfa, self.queue_wait, self.connections_closed, self.queue_depth, self.in_flight,
+                  self.ready):
             lines += m.render()
         return "\n".join(lines) + "\n"

@@ -1,7 +1,10 @@
-"""Outermost ASGI middleware: request ids, body-size limits, request metrics, JSON access log.
+"""Outermost ASGI middleware: request ids, body-size and content-type checks, request metrics,
+JSON access log.
 
 * Bodies larger than the route's limit get 413 before the app reads them (from Content-Length),
   or as soon as the streamed body passes the limit (chunked uploads without a length).
+* The two POST routes get 415 before anything parses their body when the Content-Type is not
+  the one they take (also when it is missing): JSON for speech, multipart for voice uploads.
 * Whenever a response starts before the request body was read to its end (a 413, or any error
   raised before the route parsed the body), the rest of the body is read and dropped first, up
   to ``DRAIN_CAP`` bytes: closing a socket with unread bytes makes the kernel send a TCP reset,
@@ -24,7 +27,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .errors import error_body
 
 access_log = logging.getLogger("qtts.server.access")
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+#: use with ``fullmatch`` (``$`` would also match before a final newline)
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: (method, path) -> the content type the route parses, and how to send it
+CONTENT_TYPES = {
+    ("POST", "/v1/audio/speech"): ("application/json", "send a JSON object with Content-Type: application/json"),
+    ("POST", "/v1/voices"): ("multipart/form-data", "upload the reference audio as multipart/form-data with "
+                             "a 'file' field"),
+}
 #: multipart framing and form fields on top of the audio file itself
 UPLOAD_OVERHEAD = 64 * 1024
 #: most bytes of a request body read and dropped before an early response; past it the server
@@ -73,6 +83,17 @@ class _Body:
             self.done = message["type"] != "http.request" or not message.get("more_body", False)
 
 
+def _wrong_content_type(method: str, path: str, headers: dict) -> str | None:
+    """The 415 message when ``path`` parses one content type and the request sent another."""
+    want = CONTENT_TYPES.get((method, path))
+    if want is None:
+        return None
+    got = headers.get("content-type", "").split(";")[0].strip().lower()
+    if got == want[0]:
+        return None
+    return f"unsupported content type {got or 'none'!r}: {want[1]}"
+
+
 class AccessMiddleware:
     def __init__(self, app, state):
         self.app = app
@@ -90,7 +111,7 @@ class AccessMiddleware:
         t0 = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         rid = headers.get("x-request-id", "")
-        rid = rid if _REQUEST_ID_RE.match(rid) else uuid.uuid4().hex[:16]
+        rid = rid if _REQUEST_ID_RE.fullmatch(rid) else uuid.uuid4().hex[:16]
         info = {"status": None, "bytes": 0}
         scope.setdefault("state", {})["access"] = extra = {}
         body = _Body(receive, headers, self._limit(scope))
@@ -106,9 +127,12 @@ class AccessMiddleware:
             await send(message)
 
         try:
+            wrong_type = _wrong_content_type(scope["method"], scope["path"], headers)
             if body.length > body.limit:
                 await self._reject(send_wrapper, 413, f"request body too large: {body.length} bytes; the limit "
                                    f"is {body.limit} bytes")
+            elif wrong_type:
+                await self._reject(send_wrapper, 415, wrong_type, "unsupported_media_type")
             else:
                 await self.app(scope, body.receive, send_wrapper)
         except BodyTooLarge as exc:
@@ -121,8 +145,8 @@ class AccessMiddleware:
         finally:
             self._finish(scope, info, extra, rid, t0)
 
-    async def _reject(self, send, status: int, message: str) -> None:
-        body = json.dumps(error_body(status, message)).encode()
+    async def _reject(self, send, status: int, message: str, code: str | None = None) -> None:
+        body = json.dumps(error_body(status, message, code)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
@@ -130,7 +154,8 @@ class AccessMiddleware:
 
     def _finish(self, scope, info: dict, extra: dict, rid: str, t0: float) -> None:
         route = scope.get("route")
-        route_path = getattr(route, "path", None) or "unmatched"
+        known = (scope["method"], scope["path"]) in CONTENT_TYPES  # answered here (413/415) before routing
+        route_path = getattr(route, "path", None) or (scope["path"] if known else "unmatched")
         status = info["status"] or 499  # 499: the client went away before any response
         m = self.state.metrics
         m.requests.inc(route=route_path, method=scope["method"], status=str(status))

@@ -1,4 +1,7 @@
-"""Run the app under uvicorn: in the foreground (``qtts serve``) or in a thread (tests, soak)."""
+"""Run the app under uvicorn: in the foreground (``qtts serve``) or in a thread (tests, soak).
+
+Both use :mod:`qtts.server.protocol` (header/body/write timeouts, connection cap).
+"""
 
 from __future__ import annotations
 
@@ -25,9 +28,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _config(app, log_level: str, access_log: bool):
+    """uvicorn settings: the guarded h11 protocol (timeouts, connection cap) from the app's settings."""
     uvicorn = require("uvicorn", "serve", "the HTTP server")
+    from .protocol import guarded_protocol
+
+    state = app.state.qtts
     return uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
-                          timeout_graceful_shutdown=5)
+                          timeout_graceful_shutdown=5, http=guarded_protocol(state),
+                          timeout_keep_alive=state.settings.keep_alive_s)
 
 
 class ServerThread:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-#: response formats the server can produce (see :mod:`qtts.server.encoders`)
+#: response formats the server can produce (see :mod:`qtts.server.formats`)
 SUPPORTED_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
 
 
@@ -41,15 +41,30 @@ class ServerSettings:
     model_id: str = "qtts"
     #: emit one JSON access-log line per request on the ``qtts.server.access`` logger
     access_log: bool = True
+    #: a connection must deliver its complete request headers within this many seconds of opening
+    #: (or of the previous response): silent and trickling clients are closed (408)
+    header_timeout_s: float = 10.0
+    #: the whole request body must arrive within this many seconds of its headers (a 10 MB
+    #: upload needs ~1.4 Mbit/s); a slower body, or a Content-Length never reached, is closed (408)
+    body_timeout_s: float = 60.0
+    #: a response whose client reads nothing for this long (send buffer full) is aborted
+    write_timeout_s: float = 60.0
+    #: an idle keep-alive connection is closed after this many seconds
+    keep_alive_s: float = 5.0
+    #: open connections at most; one more is answered 503 and closed at once
+    max_connections: int = 256
 
     def __post_init__(self):
         if self.max_concurrency < 1:
             raise InputError(f"max_concurrency={self.max_concurrency}: must be >= 1")
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
-        for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes"):
+        for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
+        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_s", "queue_timeout_s"):
+            if not 0 < getattr(self, name) <= 86400:
+                raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
         if self.default_response_format not in SUPPORTED_FORMATS:
             raise InputError(
                 f"default_response_format={self.default_response_format!r}: "

@@ -10,20 +10,21 @@ import logging
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import SAMPLES_PER_FRAME
 from ..errors import InputError
-from .encoders import MEDIA_TYPES, make_encoder
-from .errors import ERROR_RESPONSES, ApiError
+from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from .errors import ERROR_RESPONSES, ApiError, public_message
+from .formats import MEDIA_TYPES, open_format
 from .responses import JobStreamingResponse
-from .voices import VOICE_ID_RE, engine_speakers
+from .voices import engine_speakers, is_voice_id
 from .worker import Job
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-SAMPLES_PER_FRAME = 1920
 
 Format = Literal["wav", "pcm", "flac", "mp3", "opus"]
 
@@ -48,18 +49,20 @@ class SpeechRequest(BaseModel):
         'or as {"id": ...}.')
     response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
                                            "flac, mp3 or opus.")
-    speed: float | None = Field(None, allow_inf_nan=False, description="Only 1.0 is accepted: qtts does "
-                                "not change the speaking rate.")
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
+                                description="Speaking rate 0.25-4.0 (1.0 = unchanged): a pitch-preserving "
+                                "time stretch applied while streaming.")
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default): the file "
                                                           "bytes, chunked; sse: base64 audio events.")
     instructions: str | None = Field(None, max_length=2000, description="OpenAI's name for `instruct`.")
     language: str | None = Field(None, max_length=64, description="'auto' or a language the model knows.")
     instruct: str | None = Field(None, max_length=2000, description="Style instruction (1.7B models).")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible.")
-    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+    temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False,
+                                      description="Sampling temperature; use greedy for argmax.")
     top_k: int | None = Field(None, ge=0, le=1_000_000)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    repetition_penalty: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, ge=MIN_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)
     greedy: bool | None = Field(None, description="Argmax decoding (deterministic).")
     max_frames: int | None = Field(None, ge=1, description="Frame budget (12.5 frames per second), at most "
                                    "the server's max_frames.")
@@ -82,22 +85,12 @@ class SpeechPlan:
     stats: dict
 
 
-def require_json(request: Request) -> None:
-    ctype = request.headers.get("content-type", "")
-    if ctype and ctype.split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, f"unsupported content type {ctype.split(';')[0]!r}: send a JSON object with "
-                       "Content-Type: application/json", "unsupported_media_type")
-
-
 def _check_request(req: SpeechRequest, settings) -> str:
     if not req.input.strip():
         raise ApiError(400, "'input' is empty: send the text to speak", "empty_input", "input")
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"'input' has {len(req.input)} characters; the limit is {settings.max_input_chars}: "
                        "split the text into several requests", "input_too_long", "input")
-    if req.speed is not None and req.speed != 1.0:
-        raise ApiError(400, f"speed={req.speed} is not supported: qtts cannot change the speaking rate "
-                       "without changing the voice; omit 'speed' or send 1.0", "unsupported_value", "speed")
     if req.max_frames is not None and req.max_frames > settings.max_frames:
         raise ApiError(400, f"max_frames={req.max_frames} exceeds this server's limit of {settings.max_frames}",
                        "max_frames_too_large", "max_frames")
@@ -112,7 +105,8 @@ def _options(req: SpeechRequest, settings):
 
     talker = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                             repetition_penalty=req.repetition_penalty)
-    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames}
+    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames,
+              "speed": 1.0 if req.speed is None else req.speed}
     if settings.chunk_frames:
         kwargs["chunk_frames"] = settings.chunk_frames
     options = SynthesisOptions(**kwargs)
@@ -131,7 +125,7 @@ async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str 
     by_lower = {s.lower(): s for s in speakers}
     if name.lower() in by_lower:
         return None, by_lower[name.lower()]
-    if not VOICE_ID_RE.match(name):
+    if not is_voice_id(name):
         raise ApiError(400, f"invalid voice {name!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
                        "invalid_voice_id", "voice")
     if state.store.enabled and state.store.exists(name):
@@ -145,12 +139,12 @@ async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str 
 
 
 def _produce(plan: SpeechPlan, metrics):
-    """Worker-thread body: engine chunks -> encoded bytes, honouring the frame cap and cancellation."""
+    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation."""
 
     def run(engine, cancel):
         stats = plan.stats
-        enc = make_encoder(plan.fmt)
-        pending = enc.start()  # the header leaves with the first audio, after input validation
+        writer = open_format(plan.fmt)
+        pending = writer.start()  # the header leaves with the first audio, after input validation
         frames, t_start = 0, time.perf_counter()
         stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
                                language=plan.language, options=_with_cancel(plan.options, cancel))
@@ -162,21 +156,22 @@ def _produce(plan: SpeechPlan, metrics):
                 n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
                 capped = frames + n >= plan.frame_cap and not chunk.is_final
                 if frames + n > plan.frame_cap:
-                    n = plan.frame_cap - frames
-                    samples = samples[: n * SAMPLES_PER_FRAME]
+                    keep = plan.frame_cap - frames
+                    samples = samples[: len(samples) * keep // n]  # (stretched chunks: not 1920 per frame)
+                    n = keep
                 frames += n
                 metrics.frames.inc(n)
                 stats["frames"] = frames
                 stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
                 stats["finish_reason"] = "length" if capped else chunk.finish_reason
-                data, pending = pending + enc.encode(samples), b""
+                data, pending = pending + writer.write(samples), b""
                 stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
                 yield data
                 if capped:
                     break
             if not cancel.is_set():
                 stats["completed"] = True
-                yield pending + enc.finish()
+                yield pending + writer.finish()
         finally:
             stream.close()
             stats["gen_s"] = time.perf_counter() - t_start
@@ -238,6 +233,7 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
             return
         else:
             err = _engine_error(value)
+            err.message = public_message(err.message, state.store.directory)
             plan.stats["error"] = err.message
             state.metrics.errors.inc(route="/v1/audio/speech", kind="midstream")
             if plan.sse:
@@ -249,7 +245,7 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
         item = await job.next()
 
 
-@router.post("/v1/audio/speech", dependencies=[Depends(require_json)], response_class=Response,
+@router.post("/v1/audio/speech", response_class=Response,
              responses={200: {"content": {m: {} for m in (*MEDIA_TYPES.values(), "text/event-stream")},
                               "description": "Audio bytes, streamed as they are generated."},
                         **ERROR_RESPONSES})

@@ -1,4 +1,11 @@
-"""``/v1/voices``: list uploaded voices and built-in speakers, upload a reference clip, delete."""
+"""``/v1/voices``: list uploaded voices and built-in speakers, upload a reference clip, delete.
+
+An upload goes: name reserved (409 if taken) -> file copied to a temporary name (413 past the
+byte limit) -> header checked without decoding (400 unreadable, 413 longer than the reference
+limit) -> a worker slot (429/503) -> ``TTS.create_voice`` on the worker -> the voice file published
+under its name. Every temporary file is removed on every path, including 429/503, a client
+that leaves, and a failing worker (see ``_finish``).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,12 @@ import os
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Path, Request, UploadFile
+from fastapi import APIRouter, File, Form, Path, Request, UploadFile
 
 from ..errors import InputError
+from ..voice import ReferenceTooLong, check_reference_header
 from .errors import ERROR_RESPONSES, ApiError
-from .voices import VOICE_ID_RE, check_voice_id, engine_speakers
+from .voices import check_voice_id, engine_speakers, remove_quietly
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -20,23 +28,21 @@ router = APIRouter()
 #: audio containers accepted for uploads (what libsndfile reads without system tools)
 UPLOAD_SUFFIXES = {"WAV": ".wav", "FLAC": ".flac", "OGG": ".ogg", "MP3": ".mp3", "AIFF": ".aiff"}
 READ_CHUNK = 256 * 1024
-
-
-def require_multipart(request: Request) -> None:
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";")[0].strip().lower() != "multipart/form-data":
-        raise ApiError(415, f"unsupported content type {ctype.split(';')[0] or 'none'!r}: upload the reference "
-                       "audio as multipart/form-data with a 'file' field", "unsupported_media_type")
+UPLOAD = "the uploaded 'file'"
 
 
 @router.get("/v1/voices", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/voices", responses=ERROR_RESPONSES)
 async def list_voices(request: Request) -> dict:
-    """Uploaded voices (type "voice") and the model's built-in speakers (type "speaker")."""
+    """Uploaded voices (type "voice") and the model's built-in speakers (type "speaker").
+
+    ``data`` is OpenAI's list shape; ``voices`` the same ids in the shape other local TTS servers
+    answer at ``/v1/audio/voices`` (``{"id", "name"}``), so their clients list them too."""
     state = request.app.state.qtts
     state.require_ready()
     data = await asyncio.to_thread(state.store.list)
     data += [{"id": s, "object": "voice", "type": "speaker"} for s in engine_speakers(state.engine)]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": data, "voices": [{"id": v["id"], "name": v["id"]} for v in data]}
 
 
 async def _save_upload(file: UploadFile, path: str, limit: int) -> int:
@@ -54,41 +60,94 @@ async def _save_upload(file: UploadFile, path: str, limit: int) -> int:
     return size
 
 
-def _audio_suffix(path: str) -> str:
-    """Validate that ``path`` is audio libsndfile can read; the matching file suffix."""
+def _about_upload(exc: Exception, *paths: str) -> str:
+    """The message of ``exc`` with the server's temporary file names replaced by 'file'."""
+    msg = str(exc)
+    for p in paths:
+        msg = msg.replace(f"reference audio '{p}'", UPLOAD).replace(p, UPLOAD)
+    return msg
+
+
+def _probe_upload(path: str) -> str:
+    """Check the upload's header without decoding it; the file suffix of its format."""
     import soundfile
 
     try:
         info = soundfile.info(path)
-    except (RuntimeError, ValueError, soundfile.LibsndfileError) as exc:
-        raise ApiError(400, f"'file' is not readable audio ({exc}); send WAV, FLAC, OGG or MP3",
+    except (RuntimeError, ValueError, TypeError, soundfile.LibsndfileError) as exc:
+        reason = getattr(exc, "error_string", None) or "unknown format"  # libsndfile's text names the path
+        raise ApiError(400, f"{UPLOAD} is not readable audio ({reason}); send WAV, FLAC, OGG or MP3",
                        "invalid_audio", "file") from None
-    if info.format not in UPLOAD_SUFFIXES or info.frames <= 0 or info.samplerate <= 0:
-        raise ApiError(400, f"'file' has unsupported or empty audio (format {info.format}); send WAV, FLAC, "
-                       "OGG or MP3", "invalid_audio", "file")
+    if info.format not in UPLOAD_SUFFIXES:
+        raise ApiError(400, f"{UPLOAD} is {info.format} audio; send WAV, FLAC, OGG or MP3", "invalid_audio", "file")
+    try:
+        check_reference_header(info, UPLOAD)
+    except ReferenceTooLong as exc:
+        raise ApiError(413, str(exc), "audio_too_long", "file") from None
+    except InputError as exc:
+        raise ApiError(400, str(exc), "invalid_audio", "file") from None
     return UPLOAD_SUFFIXES[info.format]
 
 
-def _create_voice(engine, upload: str, ref_text: str | None, out_path: str, tmp_voice: str) -> None:
-    """Worker-thread body: validate the clip, build the voice, write it atomically, clean up."""
-    audio_path = upload
+def _create_voice(engine, store, upload: str, suffix: str, ref_text: str | None, voice_id: str) -> None:
+    """Worker-thread body: build the voice from the clip, publish it under ``voice_id``."""
+    audio_path = upload + suffix
+    tmp_voice = store.temp_path(".voice.part")
     try:
-        audio_path = upload + _audio_suffix(upload)
-        os.replace(upload, audio_path)
+        os.replace(upload, audio_path)  # libsndfile picks MP3/OGG decoders by suffix too
         voice = engine.create_voice(audio_path, ref_text=ref_text)
         voice.save(tmp_voice)
-        os.replace(tmp_voice, out_path)
+        store.publish(tmp_voice, voice_id)
+    except ReferenceTooLong as exc:
+        raise ApiError(413, _about_upload(exc, audio_path), "audio_too_long", "file") from None
+    except InputError as exc:
+        raise ApiError(400, f"cannot make a voice from this clip: {_about_upload(exc, audio_path)}",
+                       "invalid_audio", "file") from None
+    except MemoryError:
+        raise ApiError(413, f"{UPLOAD} is too large to process; send a clip of 3-10 s", "audio_too_long",
+                       "file") from None
     finally:
-        for p in (upload, audio_path, tmp_voice):
-            if os.path.exists(p):
-                os.unlink(p)
+        remove_quietly(upload, audio_path, tmp_voice)
 
 
-@router.post("/v1/voices", dependencies=[Depends(require_multipart)], status_code=201,
+def _clean_ref_text(ref_text: str | None) -> str | None:
+    if not ref_text:
+        return None
+    from ..api import clean_text
+
+    try:
+        return clean_text(ref_text, what="ref_text")
+    except InputError as exc:
+        raise ApiError(400, str(exc), "invalid_value", "ref_text") from None
+
+
+async def _run_on_worker(state, slot, voice_id: str, upload: str, suffix: str, ref_text: str | None) -> None:
+    """Run ``_create_voice`` on the worker of ``slot``. Whatever happens, ``_finish`` (the done
+    callback) frees the slot, the name and the temporary files, even if this request is
+    cancelled while the worker still runs."""
+    scheduler, store = state.scheduler, state.store
+
+    def _finish(_fut=None) -> None:
+        scheduler.release(slot)
+        store.unreserve(voice_id)
+        remove_quietly(upload, upload + suffix)
+
+    try:
+        fut = asyncio.get_running_loop().run_in_executor(
+            scheduler.executor, _create_voice, slot, store, upload, suffix, ref_text, voice_id)
+    except RuntimeError:  # executor shut down: the server is stopping
+        _finish()
+        raise ApiError(503, "server is shutting down", "shutting_down") from None
+    fut.add_done_callback(_finish)
+    await asyncio.shield(fut)
+
+
+@router.post("/v1/voices", status_code=201,
              responses={409: {"description": "A voice with that name exists"}, **ERROR_RESPONSES})
 async def create_voice(
     request: Request,
-    file: Annotated[UploadFile, File(description="Reference audio (WAV, FLAC, OGG, MP3; any sample rate).")],
+    file: Annotated[UploadFile, File(description="Reference audio (WAV, FLAC, OGG, MP3; any common sample "
+                                     "rate; 1-30 s).")],
     name: Annotated[str | None, Form(description="Voice id (1-64 of A-Z a-z 0-9 _ -); default: generated.")] = None,
     ref_text: Annotated[str | None, Form(max_length=2000, description="Transcript of the clip (ICL cloning).")] = None,
 ) -> dict:
@@ -97,32 +156,23 @@ async def create_voice(
     state.require_ready()
     store = state.store
     voice_id = check_voice_id(name, "name") if name else store.new_id()
-    if engine_speakers(state.engine) and voice_id.lower() in {s.lower() for s in engine_speakers(state.engine)}:
+    if voice_id.lower() in {s.lower() for s in engine_speakers(state.engine)}:
         raise ApiError(409, f"{voice_id!r} is a built-in speaker name; choose another name", "voice_exists", "name")
-    upload = store.temp_path(".upload")
-    out_path = store.path_for(voice_id)
-    if os.path.exists(out_path):
-        raise ApiError(409, f"voice {voice_id!r} exists; delete it first or choose another name",
-                       "voice_exists", "name")
-    tmp_voice = store.temp_path(".voice.part")
+    ref_text = _clean_ref_text(ref_text)
+    upload = store.temp_path(".upload")  # 403 when uploads are disabled
+    store.reserve(voice_id)  # 409 when the name exists or another upload is creating it
     try:
         await _save_upload(file, upload, state.settings.max_upload_bytes)
+        suffix = await asyncio.to_thread(_probe_upload, upload)  # refused before it holds a slot
+        slot = await state.scheduler.acquire_unless(request.is_disconnected)  # 429, 503, 499
     except BaseException:
-        if os.path.exists(upload):
-            os.unlink(upload)
+        store.unreserve(voice_id)
+        remove_quietly(upload)
         raise
-    slot = await state.scheduler.acquire()
-    fut = asyncio.get_running_loop().run_in_executor(
-        state.scheduler.executor, _create_voice, slot, upload, ref_text or None, out_path, tmp_voice)
-    # the slot comes back when the thread is done, even if this request is cancelled meanwhile
-    fut.add_done_callback(lambda _: state.scheduler.release(slot))
-    try:
-        await asyncio.shield(fut)
-    except InputError as exc:
-        raise ApiError(400, f"cannot make a voice from this clip: {exc}", "invalid_audio", "file") from None
+    await _run_on_worker(state, slot, voice_id, upload, suffix, ref_text)
     request.scope.setdefault("state", {}).setdefault("access", {})["voice_id"] = voice_id
     return {"id": voice_id, "object": "voice", "type": "voice", "created_at": int(time.time()),
-            "ref_text": ref_text or None}
+            "ref_text": ref_text}
 
 
 @router.delete("/v1/voices/{voice_id}", responses=ERROR_RESPONSES)
@@ -130,8 +180,7 @@ async def delete_voice(request: Request, voice_id: Annotated[str, Path(max_lengt
     """Delete an uploaded voice (built-in speakers cannot be deleted)."""
     state = request.app.state.qtts
     state.require_ready()
-    if not VOICE_ID_RE.match(voice_id):
-        check_voice_id(voice_id, "voice")
+    check_voice_id(voice_id, "voice")
     if voice_id.lower() in {s.lower() for s in engine_speakers(state.engine)}:
         raise ApiError(400, f"{voice_id!r} is a built-in speaker of the model and cannot be deleted",
                        "builtin_speaker", "voice_id")

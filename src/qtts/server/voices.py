@@ -1,23 +1,36 @@
 """Voice store: uploaded voices as ``<voices_dir>/<id>.voice`` files, plus the model's speakers.
 
-Ids match ``^[A-Za-z0-9_-]{1,64}$`` and the resolved path must sit directly inside the voices
-directory, so no id can name a file elsewhere. Loaded voices are cached by (path, mtime).
+Ids are 1-64 characters of ``A-Z a-z 0-9 _ -`` (whole-string match: no trailing newline) and
+the resolved path must sit directly inside the voices directory, so no id can name a file
+elsewhere. Loaded voices are cached by (path, mtime). A name being created is *reserved* (under
+a lock) from before its upload is read until its file is published with ``os.link`` (which
+fails if the name exists), so of two racing uploads with one name exactly one wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
+import time
 import uuid
 
 from .errors import ApiError
 
 log = logging.getLogger(__name__)
 
-VOICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: use with ``fullmatch`` (``$`` would also match before a final newline)
+VOICE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SUFFIX = ".voice"
+TEMP_PREFIX = ".upload-"
+#: temporary upload files older than this are removed when a store opens (left by a crash)
+STALE_TEMP_S = 3600.0
+
+
+def is_voice_id(value) -> bool:
+    return isinstance(value, str) and VOICE_ID_RE.fullmatch(value) is not None
 
 
 def engine_speakers(engine) -> list[str]:
@@ -36,7 +49,7 @@ def engine_languages(engine) -> list[str]:
 
 
 def check_voice_id(voice_id: str, param: str = "voice") -> str:
-    if not isinstance(voice_id, str) or not VOICE_ID_RE.match(voice_id):
+    if not is_voice_id(voice_id):
         raise ApiError(400, f"invalid {param} id {voice_id!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
                        "invalid_voice_id", param)
     return voice_id
@@ -49,10 +62,12 @@ class VoiceStore:
         #: path -> Voice; default qtts.Voice.load
         self.loader = loader
         self.directory = os.path.realpath(directory) if directory else None
+        self._cache: dict[str, tuple[float, object]] = {}
+        self._reserved: set[str] = set()
+        self._lock = threading.Lock()
         if self.directory:
             os.makedirs(self.directory, exist_ok=True)
-        self._cache: dict[str, tuple[float, object]] = {}
-        self._lock = threading.Lock()
+            self._sweep_stale()
 
     @property
     def enabled(self) -> bool:
@@ -78,7 +93,7 @@ class VoiceStore:
         out = []
         for name in sorted(os.listdir(self.directory)):
             stem = name[: -len(SUFFIX)]
-            if name.endswith(SUFFIX) and VOICE_ID_RE.match(stem):
+            if name.endswith(SUFFIX) and is_voice_id(stem):
                 st = os.stat(os.path.join(self.directory, name))
                 out.append({"id": stem, "object": "voice", "type": "voice", "created_at": int(st.st_mtime),
                             "bytes": st.st_size})
@@ -112,7 +127,46 @@ class VoiceStore:
         if not self.directory:
             raise ApiError(403, "voice uploads are disabled: start the server with --voices DIR",
                            "uploads_disabled")
-        return os.path.join(self.directory, f".upload-{uuid.uuid4().hex}{suffix}")
+        return os.path.join(self.directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}{suffix}")
+
+    def reserve(self, voice_id: str) -> None:
+        """Claim ``voice_id`` for a creation in progress; ApiError 409 if it exists or is claimed."""
+        path = self.path_for(voice_id)
+        with self._lock:
+            if voice_id in self._reserved or os.path.exists(path):
+                raise ApiError(409, f"voice {voice_id!r} exists; delete it first or choose another name",
+                               "voice_exists", "name")
+            self._reserved.add(voice_id)
+
+    def unreserve(self, voice_id: str) -> None:
+        with self._lock:
+            self._reserved.discard(voice_id)
+
+    def publish(self, tmp: str, voice_id: str) -> None:
+        """Move the finished file ``tmp`` to the voice's name; never replaces an existing voice."""
+        path = self.path_for(voice_id)
+        try:
+            try:
+                os.link(tmp, path)  # atomic, and fails if the name exists (also across processes)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links: claim the name exclusively, then fill it
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+                os.replace(tmp, path)
+        except FileExistsError:
+            raise ApiError(409, f"voice {voice_id!r} exists; delete it first or choose another name",
+                           "voice_exists", "name") from None
+        finally:
+            remove_quietly(tmp)
+
+    def _sweep_stale(self) -> None:
+        cutoff = time.time() - STALE_TEMP_S
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            with contextlib.suppress(OSError):
+                if name.startswith(TEMP_PREFIX) and os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    log.warning("removed a stale temporary upload %s", name)
 
     def delete(self, voice_id: str) -> None:
         path = self.path_for(voice_id)
@@ -122,3 +176,10 @@ class VoiceStore:
             raise ApiError(404, f"unknown voice {voice_id!r}", "voice_not_found", "voice_id") from None
         with self._lock:
             self._cache.pop(path, None)
+
+
+def remove_quietly(*paths: str) -> None:
+    """Delete the files that exist among ``paths``."""
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)

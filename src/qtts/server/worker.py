@@ -5,7 +5,7 @@
   busy, up to ``max_queue`` requests wait (FIFO); one more gets 429 with ``Retry-After``.
   All scheduler state lives on the event-loop thread; workers give slots back through
   ``loop.call_soon_threadsafe``.
-* :class:`Job` runs a blocking producer (the engine's ``stream()`` plus the encoder) on a worker
+* :class:`Job` runs a blocking producer (the engine's ``stream()`` plus the format writer) on a worker
   thread and passes its byte chunks to the event loop through an ``asyncio.Queue``. ``cancel()``
   sets a flag the worker checks between chunks; it then closes the producer, which closes the
   engine generator (generation stops at the next frame/chunk boundary). The slot is returned only

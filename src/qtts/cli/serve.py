@@ -1,0 +1,126 @@
+"""``qtts serve``: the OpenAI-compatible HTTP server (extra ``serve``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from ..errors import InputError
+from .common import add_model, command, number
+
+log = logging.getLogger(__name__)
+
+
+def register(sub) -> None:
+    p = command(sub, "serve", run, "serve an OpenAI-compatible streaming speech API over HTTP "
+                "(POST /v1/audio/speech)")
+    add_model(p, threads="CPU threads for each engine's math (intra-op; default: cores / K)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=number(lo=0, hi=65535), default=8000, help="TCP port (default 8000)")
+    p.add_argument("--voices", metavar="DIR", help="folder for uploaded voices (POST /v1/voices); "
+                   "without it uploads are disabled")
+    p.add_argument("--max-concurrency", type=number(lo=1), default=1, metavar="K",
+                   help="generations at once; loads K engine copies (K x model memory), default 1")
+    p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
+                   help="requests waiting for a worker before 429 (default 8)")
+    p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
+    p.add_argument("--max-frames", type=number(lo=1), default=2048,
+                   help="frame cap per request, 12.5 frames/s (default 2048 = 164 s)")
+    p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
+                   help="largest voice upload (default 10 MB)")
+    p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
+    p.add_argument("--default-format", default="wav", help="response_format when a request names none")
+    p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
+    p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
+    p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
+                   help="seconds a connection has to send its request headers (default 10)")
+    p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a request has to send its whole body (default 60)")
+    p.add_argument("--write-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a client may read nothing of a response before it is aborted (default 60)")
+    p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
+                   help="open connections at most; more get 503 (default 256)")
+
+def _settings(args):
+    from ..server.settings import ServerSettings
+
+    return ServerSettings(
+        host=args.host, port=args.port, voices_dir=args.voices, max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
+        max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
+        default_response_format=args.default_format, model_id=args.model_id or args.model,
+        access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        write_timeout_s=args.write_timeout, max_connections=args.max_connections,
+    )
+
+
+def _load_engines(args, state) -> None:
+    """Background: load K engines, then mark the server ready (or record the failure)."""
+    import os
+
+    import qtts
+
+    k = args.max_concurrency
+    threads = args.threads or max(1, (os.cpu_count() or 1) // k)
+    try:
+        engines = [qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+    except Exception as exc:  # reported by /health; the process keeps serving 503s
+        log.exception("loading %s failed", args.model)
+        state.set_load_error(f"{type(exc).__name__}: {exc}")
+        return
+    state.set_engine(engines)
+    log.warning("qtts: model %s loaded (%d engine(s)); ready", args.model, k)
+
+
+def _check_host(host: str) -> None:
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise InputError(f"--host {host!r}: give an IP address (127.0.0.1, 0.0.0.0, ::1)") from None
+        return
+    if not addr.is_loopback:
+        log.warning("qtts: listening on %s: the API has no authentication; put it behind a proxy", host)
+
+
+def _access_log() -> None:
+    access = logging.getLogger("qtts.server.access")
+    handler = logging.StreamHandler()  # stderr, one JSON object per line
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
+
+
+def run(args) -> int:
+    import importlib.util
+    import threading
+
+    from ..errors import require
+
+    require("fastapi", "serve", "qtts serve")
+    require("uvicorn", "serve", "qtts serve")
+    if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
+        require("python_multipart", "serve", "voice uploads (python-multipart)")
+    from ..server import create_app
+    from ..server.runner import serve_forever
+
+    _check_host(args.host)
+    settings = _settings(args)
+    _access_log()
+    app = create_app(None, settings)
+    threading.Thread(target=_load_engines, args=(args, app.state.qtts), name="qtts-load", daemon=True).start()
+    print(f"qtts: serving on http://{args.host}:{args.port} (GET /health turns 200 when the model is loaded)")
+    print(f"qtts: web page: {page_url(args.host, args.port)}  (type, pick a voice, hear it while it is generated)",
+          flush=True)
+    serve_forever(app, args.host, args.port)
+    return 0
+
+
+def page_url(host: str, port: int) -> str:
+    """The address to open in a browser (a wildcard bind is reached through loopback here)."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"

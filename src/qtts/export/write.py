@@ -1,0 +1,101 @@
+"""Writing ONNX files: the TorchScript exporter (opset 17) behind one quiet, deterministic, atomic call.
+
+* :func:`export_graph`: a bundle graph, weights in a ``<name>.data`` file beside it;
+* :func:`export_single_file`: one self-contained file with qtts metadata, for the fixed-shape step
+  graphs NPU toolchains load as a single file (the vocoder step, the plain predictor step);
+* :func:`save_model`: deterministic save (no producer version, no timestamps) to a temp name, renamed.
+
+torch's exporter warnings (tracer constants, the legacy-exporter notice) are expected here and go
+to this module's log at debug level instead of the user's terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+
+from ..errors import InputError, require
+from ..files import publish, temp_beside
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+
+
+@contextlib.contextmanager
+def quiet_export():
+    """Record every Python warning raised inside, then log each at debug level."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        log.debug("export: %s: %s", w.category.__name__, w.message)
+
+
+def _torch_export(module, args: tuple, path: str, inputs, outputs, dynamic_axes=None, contrib=False) -> None:
+    torch = require("torch", "export", "ONNX export")
+    with torch.no_grad(), quiet_export():
+        torch.onnx.export(
+            module, args, path, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+            input_names=list(inputs), output_names=list(outputs), dynamic_axes=dynamic_axes or {},
+            custom_opsets={"com.microsoft": 1} if contrib else None,
+        )  # fmt: skip
+
+
+def export_graph(module, args: tuple, path: str, inputs: list, outputs: list, dynamic_axes: dict,
+                 contrib: bool = False) -> None:
+    """``torch.onnx.export`` then a deterministic save to ``path``; ``contrib``: the graph emits
+    onnxruntime contrib ops (``com.microsoft``)."""
+    onnx = require("onnx", "export", "ONNX export")
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as tmp:
+        raw = os.path.join(tmp, "raw.onnx")
+        _torch_export(module, args, raw, inputs, outputs, dynamic_axes, contrib)
+        model = onnx.load(raw)
+    save_model(model, path)
+
+
+def save_model(model, path: str) -> None:
+    """Save with all weights in ``<name>.data`` next to ``path`` (atomic rename, no timestamps)."""
+    onnx = require("onnx", "export", "ONNX export")
+    model.producer_name, model.producer_version = "qtts", ""
+    for init in model.graph.initializer:  # drop stale external-data pointers from a previous save
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            raise InputError(f"{path}: load the model with its external data before saving it")
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(dir=directory)
+    try:
+        onnx.save_model(
+            model, os.path.join(tmp, name), save_as_external_data=True, all_tensors_to_one_file=True,
+            location=name + ".data", size_threshold=1024,
+        )  # fmt: skip
+        for fname in (name, name + ".data"):
+            src = os.path.join(tmp, fname)
+            if os.path.exists(src):
+                publish(src, os.path.join(directory, fname))  # umask, not the writer's 0600
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_single_file(module, args: tuple, out: str, inputs: list, outputs: list, metadata: dict) -> str:
+    """Fixed shapes to a temp file in the target directory, ``metadata`` (str -> str) added as
+    model metadata, then renamed to ``out``."""
+    onnx = require("onnx", "export", "ONNX export")
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = temp_beside(out, ".onnx.tmp")  # mode 0666 & ~umask, unlike mkstemp's 0600
+    try:
+        _torch_export(module, args, tmp, inputs, outputs)
+        model = onnx.load(tmp)
+        for key, value in metadata.items():
+            prop = model.metadata_props.add()
+            prop.key, prop.value = key, value
+        onnx.save(model, tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out

@@ -1,0 +1,155 @@
+"""Connection guards on top of uvicorn's h11 protocol: header, body and write timeouts and a
+connection cap.
+
+uvicorn closes idle keep-alive connections, but a client that opens a connection and sends
+nothing, sends its headers a byte at a time, or announces a body it never finishes is held for
+as long as it likes, and every such connection costs a file descriptor. This protocol class
+follows the h11 state of the client's side of each connection:
+
+* waiting for a request (``IDLE``): the complete headers must arrive within ``header_timeout_s``
+  of the connection opening (or of the previous response ending);
+* reading the body (``SEND_BODY``): the whole body must arrive within ``body_timeout_s`` of the
+  headers (a total, not an idle timer, so a 1 byte/s trickle is cut too);
+* a response whose client stops reading (the transport's send buffer stays full) is aborted
+  after ``write_timeout_s``;
+* past ``max_connections`` open connections a new one is answered 503 and closed at once.
+
+A timed-out request that has no response yet gets ``408`` (OpenAI-style JSON) before the close;
+an idle keep-alive connection that has not started its next request is closed without one (a
+client reusing it at that moment would take the 408 for its new request's answer). Every close is
+counted in ``qtts_connections_closed_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .errors import error_body
+
+log = logging.getLogger(__name__)
+
+
+def _raw_response(status: int, reason: str, message: str, extra: str = "") -> bytes:
+    body = json.dumps(error_body(status, message)).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n{extra}\r\n")
+    return head.encode("latin-1") + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the guards of the module docstring; ``state`` (the app's
+    :class:`qtts.server.app.ServerState`) is set on the subclass made by :func:`guarded_protocol`."""
+
+    state = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._phase: str | None = None
+        self._timer = None
+        self._write_timer = None
+        self._served = False  # a response was completed on this connection
+        self._partial = False  # bytes of the next request arrived, its headers are not complete
+        limit = self.state.settings.max_connections
+        if len(self.connections) > limit:
+            self._count("over_limit")
+            transport.write(_raw_response(503, "Service Unavailable", f"too many open connections (the limit "
+                                          f"is {limit}); retry shortly", "retry-after: 1\r\n"))
+            transport.close()
+            return
+        self._follow()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+        self._partial = self._phase == "headers"
+
+    def on_response_complete(self) -> None:
+        self._served = True
+        super().on_response_complete()
+        self._follow()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel()
+        self._cancel_write()
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.state.settings.write_timeout_s, self._write_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_write()
+
+    # -- the guards --------------------------------------------------------------------------
+    def _follow(self) -> None:
+        """Arm the timer that matches what the client owes us now (nothing: no timer)."""
+        if self.transport.is_closing():
+            return
+        theirs = self.conn.their_state
+        phase = "headers" if theirs is h11.IDLE else "body" if theirs is h11.SEND_BODY else None
+        if phase == self._phase:
+            return  # a deadline runs from the start of its phase, not from the last byte
+        self._cancel()
+        self._phase = phase
+        self._partial = False
+        if phase is not None:
+            s = self.state.settings
+            delay = s.header_timeout_s if phase == "headers" else s.body_timeout_s
+            self._timer = self.loop.call_later(delay, self._timeout, phase)
+
+    def _timeout(self, phase: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        s = self.state.settings
+        if phase == "headers" and self._served and not self._partial:
+            self.transport.close()  # an idle keep-alive connection: no request started, no answer owed
+            return
+        self._count("header_timeout" if phase == "headers" else "body_timeout")
+        if phase == "headers" or self.cycle is None or not self.cycle.response_started:
+            limit = s.header_timeout_s if phase == "headers" else s.body_timeout_s
+            what = "the request headers" if phase == "headers" else "the request body"
+            self.transport.write(_raw_response(408, "Request Timeout", f"{what} did not arrive within "
+                                               f"{limit:g} s; the connection is closed"))
+        self._drop_cycle()
+        self.transport.close()
+
+    def _write_timeout(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        self._count("write_timeout")
+        self._drop_cycle()
+        self.transport.abort()  # close() would wait for the unread buffer to drain
+
+    def _drop_cycle(self) -> None:
+        """The request in progress sees a disconnect and its later sends are dropped."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+
+    def _count(self, reason: str) -> None:
+        self.state.metrics.connections_closed.inc(reason=reason)
+        log.info("closing a connection from %s: %s", self.client, reason.replace("_", " "))
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._phase = None
+
+    def _cancel_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+
+def guarded_protocol(state) -> type[GuardedH11Protocol]:
+    """The protocol class for uvicorn's ``http=`` option, bound to the app's settings and metrics."""
+    return type("QttsH11Protocol", (GuardedH11Protocol,), {"state": state})
