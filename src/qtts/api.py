@@ -2,8 +2,10 @@
 
 ``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
-decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
-vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
+decoded after ``first_chunk_frames`` frames, later chunks double in size up to ``chunk_frames``
+(:mod:`qtts.pipeline`); the vocoder state continues across sentence pieces, so pieces join
+without a seam. With ``options.pipeline`` the generation runs on a worker thread while this
+thread decodes (:func:`qtts.pipeline.run_ahead`): the same chunks, the same audio. Everything else
 consumes ``stream()``. The parts it runs on come from :func:`qtts.backends.open`.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -21,6 +24,7 @@ from .config import FRAME_RATE, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
+from .pipeline import Chunker, run_ahead
 from .prompt import build_prompt, clean_text, resolve_mode, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
@@ -140,43 +144,58 @@ class TTS:
 
         return split_sentences(text, max_chars=options.max_sentence_chars) or [text]
 
-    def _loop_params(self, num_ids: int, options: SynthesisOptions, index: int) -> LoopParams:
+    def _loop_params(self, num_ids: int, options: SynthesisOptions, index: int, cancel=None) -> LoopParams:
         cap = int(self.config.generation.max_new_tokens)
         max_frames = options.max_frames or frame_budget(num_ids, cap=cap)
         seed = None if options.seed is None else int(options.seed) + index
         return LoopParams.for_config(
             self.config, options.talker, options.predictor, max_frames, seed=seed,
-            watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
+            watchdog=WatchdogParams() if options.watchdog else None, cancel=cancel,
         )  # fmt: skip
 
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
-        parts = self.components
         t0 = time.perf_counter()
-        vocoder = parts.vocoder.stream()
+        vocoder = self.components.vocoder.stream()
         if mode.icl:
             vocoder.decode(mode.ref_codes)  # prime the vocoder state; the reference audio is discarded
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
-        chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
-        for index, piece in enumerate(pieces):
-            prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
-            gen = generate(parts.backend, prompt, self._loop_params(prompt.text_token_count, options, index),
-                           speaker=mode.xvector)
-            frames = iter(gen)
-            try:
-                for codes in frames:
-                    stats["frames"] += 1
-                    chunk = chunker.push(codes)
-                    if chunk is not None:
-                        yield _stamp(chunk, stats, t0)
-            finally:
-                frames.close()
-            stats["finish_reasons"].append(gen.finish_reason)
-            if gen.finish_reason == "cancelled":
-                break
+        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+
+        def start(cancel):
+            return self._frames(pieces, mode, options, stats, cancel)
+
+        first_decoded = threading.Event()  # the first chunk's decode gets both cores (pipeline.run_ahead)
+        hold = (options.first_chunk_frames, first_decoded)
+        frames = run_ahead(start, options.cancel, hold=hold) if options.pipeline else start(options.cancel)
+        try:
+            for codes in frames:
+                stats["frames"] += 1
+                chunk = chunker.push(codes)
+                if chunk is not None:
+                    first_decoded.set()
+                    yield _stamp(chunk, stats, t0)
+        finally:
+            frames.close()
         final = chunker.flush()
         final.is_final = True
         final.finish_reason = worst_reason(stats["finish_reasons"])
         yield _stamp(final, stats, t0, final=True)
+
+    def _frames(self, pieces, mode, options, stats: dict, cancel) -> Iterator[np.ndarray]:
+        """Every piece's frames in order (on the pipeline's worker thread when pipelined)."""
+        parts = self.components
+        for index, piece in enumerate(pieces):
+            prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
+            lp = self._loop_params(prompt.text_token_count, options, index, cancel)
+            gen = generate(parts.backend, prompt, lp, speaker=mode.xvector)
+            frames = iter(gen)
+            try:
+                yield from frames
+            finally:
+                frames.close()
+            stats["finish_reasons"].append(gen.finish_reason)
+            if gen.finish_reason == "cancelled":
+                return
 
 
 def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> AudioChunk:
@@ -190,36 +209,6 @@ def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> Au
                     pieces=stats["pieces"], finish_reasons=list(stats["finish_reasons"]))
     chunk.info = info
     return chunk
-
-
-class _Chunker:
-    """Groups frames: a first chunk of ``first`` frames, then chunks of ``size`` frames."""
-
-    def __init__(self, vocoder, first: int, size: int):
-        self.vocoder, self.first, self.size = vocoder, first, size
-        self.pending: list[np.ndarray] = []
-        self.start = 0
-        self.emitted = 0
-
-    def push(self, codes: np.ndarray) -> AudioChunk | None:
-        self.pending.append(codes)
-        want = self.first if self.emitted == 0 else self.size
-        return self._emit() if len(self.pending) >= want else None
-
-    def flush(self) -> AudioChunk:
-        return self._emit()
-
-    def _emit(self) -> AudioChunk:
-        n = len(self.pending)
-        if n:
-            samples = np.asarray(self.vocoder.decode(np.stack(self.pending)), dtype=np.float32)
-        else:
-            samples = np.zeros(0, dtype=np.float32)
-        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n)
-        self.start += n
-        self.emitted += 1
-        self.pending = []
-        return chunk
 
 
 def worst_reason(reasons: list[str | None]) -> str:

@@ -71,9 +71,12 @@ def _sampling_arguments(p) -> None:
     s.add_argument("--no-split", action="store_true", help="do not split long text into sentences")
     s.add_argument("--no-watchdog", action="store_true", help="disable the stuck-code watchdog")
     c = p.add_argument_group("streaming")
-    c.add_argument("--first-chunk-frames", type=number(lo=1), default=2, metavar="N",
-                   help="frames in the first audio chunk (default 2)")
-    c.add_argument("--chunk-frames", type=number(lo=1), default=8, metavar="N", help="frames per later chunk (default 8)")
+    c.add_argument("--first-chunk-frames", type=number(lo=1), default=1, metavar="N",
+                   help="frames in the first audio chunk (default 1)")
+    c.add_argument("--chunk-frames", type=number(lo=1), default=8, metavar="N",
+                   help="largest later chunk; sizes double up to it (default 8)")
+    c.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                   help="generate and decode on one thread (default: generation on a second thread)")
     hidden_alias(c, "--first-chunk", dest="first_chunk_frames", type=number(lo=1))
     hidden_alias(c, "--chunk", dest="chunk_frames", type=number(lo=1))
 
@@ -103,7 +106,7 @@ def build_options(args):
         talker=talker, seed=args.seed, greedy=args.greedy, max_frames=args.max_frames,
         non_streaming_text=args.non_streaming_text, split_sentences=not args.no_split,
         watchdog=not args.no_watchdog, first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-        speed=args.speed,
+        speed=args.speed, pipeline=args.pipeline,
     )
 
 
