@@ -207,7 +207,7 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     lp = _loop_params(parts.config, opts.frames, opts.seed)
     runs = [_one_run(parts, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
     result = _median(runs)
-    mode = "pipelined" if opts.pipeline else "serial"
+    mode = f"{parts.config.tts_model_size}, {'pipelined' if opts.pipeline else 'serial'}"  # e.g. "0b6, pipelined"
     result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
     result.update(rss_mb=rss_mb(), plan_peak_rss_mb=window_peak_rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()
