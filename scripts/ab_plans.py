@@ -33,7 +33,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="talker / predictor (and serial vocoder) threads")
     ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.pipeline)")
-    ap.add_argument("--vocoder-threads", type=int, default=None, help="threads of the pipelined vocoder (default --threads)")
+    ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
+                    help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
     args = ap.parse_args()
     serial = BenchOptions(threads=args.threads, pipeline=False)
     variants = []
@@ -41,8 +42,7 @@ def main() -> None:
         parts = open_components(args.model, plan=plan, threads=args.threads)
         prompt, speaker = reference_prompt(parts, serial.text)
         variants.append((plan + " (serial)", parts, prompt, speaker, serial))
-        if args.pipelined:
-            vt = args.vocoder_threads
+        for vt in args.vocoder_threads if args.pipelined else []:
             piped = parts if vt is None else dataclasses.replace(
                 parts, vocoder=open_components(args.model, plan=plan, threads=vt).vocoder)  # fmt: skip
             variants.append((f"{plan} (pipelined, vocoder threads {vt or args.threads})", piped, prompt, speaker,

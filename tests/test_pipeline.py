@@ -198,3 +198,22 @@ def test_run_ahead_close_releases_a_held_worker():
     assert next(it) == 0
     it.close()  # must not hang on the held worker
     assert _workers() == [] and len(produced) == 1
+
+
+def test_bench_runs_each_plan_pipelined_and_serial(tiny_snapshot, tmp_path, capsys):
+    import json
+
+    from qtts.cli import main as qtts_main
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "-m", tiny_snapshot(), "--frames", "5", "--repeats", "1", "--threads", "1",
+            "--pipeline", "both", "--json", str(out)]  # fmt: skip
+    assert qtts_main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| peak RSS MB |" in text
+    rows = json.loads(out.read_text())["results"]
+    assert [r["pipeline"] for r in rows] == [True, False]
+    assert "pipelined" in rows[0]["label"] and "serial" in rows[1]["label"]
+    assert rows[0]["other_ms"] is None and rows[1]["other_ms"] is not None  # components overlap when pipelined
+    for r in rows:
+        assert r["frames"] == 5 and r["plan_peak_rss_mb"] > 0 and r["vocoder_ms"] > 0 and r["ttfa_ms"] > 0
