@@ -20,8 +20,8 @@ from collections import Counter
 import numpy as np
 
 from ..backends.step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
-from ..errors import InputError, QttsError, require
 from ..bundle import write_json
+from ..errors import InputError, QttsError, require
 from ..files import publish, temp_beside
 from .write import export_single_file
 
