@@ -139,5 +139,6 @@ class Progress:
         i = chunk.info
         rtf = f"{i['rtf']:.2f}" if i.get("rtf") is not None else "-"
         ttfa = f"{i['ttfa_s']:.2f}s" if i.get("ttfa_s") is not None else "-"
+        reason = f" finish_reason={chunk.finish_reason}" if chunk.finish_reason else ""  # none when decoding
         self._print(f"qtts: frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s "
-                    f"rtf={rtf} ttfa={ttfa} finish_reason={chunk.finish_reason}", True)
+                    f"rtf={rtf} ttfa={ttfa}{reason}", True)
