@@ -5,6 +5,8 @@ codes files and paths."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -138,6 +140,21 @@ def test_vocoder_only_load(tiny_snapshot, onnx_plans, real_tts, ref_wav):
     codes = np.random.default_rng(0).integers(0, 2048, (11, 16))
     full = real_tts.decode(codes).samples
     assert snr_db(full, tts.decode(codes).samples) >= 80.0  # ONNX vocoder vs torch, float samples
+
+
+def test_decode_with_an_onnx_vocoder_needs_no_torch(tiny_snapshot, onnx_plans, tmp_path):
+    """`qtts decode --plan` with an ONNX vocoder runs with torch unimportable (only the vocoder is built)."""
+    snap = tiny_snapshot()
+    codes = np.random.default_rng(1).integers(0, 2048, (9, 16))
+    np.save(tmp_path / "c.npy", codes)
+    block = ("import sys; sys.modules['torch'] = None; from qtts.cli import main; rc = main(sys.argv[1:]); "
+             "assert sys.modules['torch'] is None; sys.exit(rc)")
+    argv = ["decode", str(tmp_path / "c.npy"), "-m", snap, "--plan", onnx_plans["base"], "-o", str(tmp_path / "a.wav")]
+    proc = subprocess.run([sys.executable, "-c", block, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "frames=9 audio=0.72s" in proc.stderr and "finish_reason" not in proc.stderr  # decoding has none
+    _decode(snap, tmp_path / "c.npy", tmp_path / "b.wav", "--plan", onnx_plans["base"])
+    assert np.array_equal(_pcm(tmp_path / "a.wav"), _pcm(tmp_path / "b.wav"))
 
 
 @pytest.mark.parametrize("array,words", [
