@@ -77,9 +77,10 @@ def test_codes_round_trip_torch_and_onnx(tiny_snapshot, ref_wav, onnx_plans, tmp
     snap, plan = tiny_snapshot(kind=kind), onnx_plans[kind]
     args = [ref_wav if a == "REF" else a for a in args]
     _say(snap, args, tmp_path / "say.wav", tmp_path / name)
-    codes, prime = load_codes(str(tmp_path / name))
+    codes, prime, codec = load_codes(str(tmp_path / name))
     assert codes.shape == (12, 16) and codes.dtype == np.int64  # 2 pieces x 6 frames, in order
     assert (prime is not None) == (case == "icl")
+    assert codec == (qtts.load(snap, parts=("vocoder",)).codec if name.endswith(".npz") else None)
     said = _pcm(tmp_path / "say.wav")
     assert len(said) == 12 * 1920 and np.abs(said).max() > 1000
 
@@ -89,7 +90,7 @@ def test_codes_round_trip_torch_and_onnx(tiny_snapshot, ref_wav, onnx_plans, tmp
     assert snr_db(said.astype(np.float64), _pcm(tmp_path / "onnx.wav").astype(np.float64)) >= 80.0
 
     _say(snap, args, tmp_path / "osay.wav", tmp_path / f"o{name}", "--plan", plan)
-    ocodes, _ = load_codes(str(tmp_path / f"o{name}"))
+    ocodes = load_codes(str(tmp_path / f"o{name}")).codes
     assert np.array_equal(ocodes, codes)  # the vocoder runtime does not touch generation
     _decode(snap, tmp_path / f"o{name}", tmp_path / "odec.wav", "--plan", plan)
     assert np.array_equal(_pcm(tmp_path / "odec.wav"), _pcm(tmp_path / "osay.wav"))  # same plan: the same samples
@@ -178,9 +179,11 @@ def test_decode_refuses_bad_files(tmp_path, capsys):
     good = np.zeros((3, 16), dtype=np.int64)
     np.savez(tmp_path / "nocodes.npz", frames=good)
     np.savez(tmp_path / "extra.npz", codes=good, prime=good, notes=good)
+    np.savez(tmp_path / "codec.npz", codes=good, codec=np.arange(3))
     np.save(tmp_path / "objects.npy", np.array([good, "x"], dtype=object), allow_pickle=True)
     (tmp_path / "text.npy").write_text("hello")
     cases = {"missing.npy": "no such file", "nocodes.npz": "holds frames", "extra.npz": "holds codes, prime, notes",
+             "codec.npz": "'codec' must be one string",
              "objects.npy": "not a readable", "text.npy": "not a readable", ".": "is a directory"}
     for name, words in cases.items():
         assert main(["decode", str(tmp_path / name), "-m", "M", "-o", str(tmp_path / "x.wav")]) == 2, name
@@ -198,6 +201,38 @@ def test_voice_must_agree_with_the_files_prime(tiny_snapshot, ref_wav, real_tts,
     rc = main(["decode", str(tmp_path / "c.npz"), "-m", tiny_snapshot(), "--voice", str(tmp_path / "me.voice"),
                "-o", str(tmp_path / "x.wav")])
     assert rc == 2 and "holds other reference codes" in capsys.readouterr().err
+
+
+def test_codes_from_another_checkpoint_are_refused(tiny_snapshot, ref_wav, real_tts, tmp_path, capsys):
+    """An .npz names its speech tokenizer (codec); decoding it with another checkpoint's exits 2 naming the fix."""
+    snap, other = tiny_snapshot(), tiny_snapshot(seed=1)  # one layout, other random weights
+    _say(snap, ["--ref-audio", ref_wav], tmp_path / "say.wav", tmp_path / "c.npz")
+    codes, _, codec = load_codes(str(tmp_path / "c.npz"))
+    assert codec == real_tts.codec and len(codec) == 16
+    rc = main(["decode", str(tmp_path / "c.npz"), "-m", other, "-o", str(tmp_path / "x.wav")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and not (tmp_path / "x.wav").exists()
+    assert f"made with another checkpoint's speech tokenizer (codec {codec})" in err
+    assert f"--model {other} has codec" in err and "pass the checkpoint that made the codes" in err
+    other_tts = qtts.load(other, threads=1, parts=("vocoder",))
+    with pytest.raises(InputError, match="another speech tokenizer"):
+        other_tts.decode(codes, codec=codec)  # the API checks the same
+    assert np.array_equal(real_tts.decode(codes, codec=codec).samples, real_tts.decode(codes).samples)
+    # another kind with the same speech tokenizer (as the official 0.6B / 1.7B share theirs) decodes them
+    _decode(tiny_snapshot(kind="custom_voice"), tmp_path / "c.npz", tmp_path / "cv.wav")
+    assert np.array_equal(_pcm(tmp_path / "cv.wav"), _pcm(tmp_path / "say.wav"))
+
+
+def test_decode_reproduces_say_at_another_speed(tiny_snapshot, ref_wav, tmp_path):
+    """say --speed stretches the audio, not the frames: decode --speed with the same value gives its audio."""
+    snap = tiny_snapshot()
+    _say(snap, ["--ref-audio", ref_wav], tmp_path / "say.wav", tmp_path / "c.npy", "--speed", "1.5")
+    said = _pcm(tmp_path / "say.wav")
+    assert len(load_codes(str(tmp_path / "c.npy")).codes) == 12 and abs(len(said) - 12 * 1920 / 1.5) < 1920
+    _decode(snap, tmp_path / "c.npy", tmp_path / "fast.wav", "--speed", "1.5")
+    _decode(snap, tmp_path / "c.npy", tmp_path / "plain.wav")
+    assert np.array_equal(_pcm(tmp_path / "fast.wav"), said)
+    assert len(_pcm(tmp_path / "plain.wav")) == 12 * 1920
 
 
 @pytest.mark.parametrize("path,words", [
@@ -227,9 +262,9 @@ def test_codes_files_are_atomic_and_follow_the_umask(tmp_path, monkeypatch, umas
     finally:
         os.umask(old)
     assert sorted(os.listdir(tmp_path)) == ["c.npy", "c.npz"]  # no partial file, no temp left
-    frames, prime = load_codes(str(tmp_path / "c.npy"))
-    assert np.array_equal(frames, codes) and prime is None  # an .npy keeps no prime
-    assert np.array_equal(load_codes(str(tmp_path / "c.npz"))[1], codes)
+    frames, prime, codec = load_codes(str(tmp_path / "c.npy"))
+    assert np.array_equal(frames, codes) and prime is None and codec is None  # an .npy keeps no prime
+    assert np.array_equal(load_codes(str(tmp_path / "c.npz")).prime, codes)
     with pytest.raises(InputError, match="ends in .npy or .npz"):
         save_codes(str(tmp_path / "c.bin"), codes)
 
@@ -240,4 +275,19 @@ def test_tiny_sampling_values_name_the_flag(capsys, flag):
     assert main(["say", "Hi.", "-m", "M", "-o", "x.wav", flag, "1e-39"]) == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: must be >= 0.01, got 1e-39" in err
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--temperature", "1e9", "must be <= 100.0"), ("--temperature", "inf", "must be <= 100.0"),
+    ("--temperature", "nan", "expected a number, got 'nan'"), ("--temperature", "0", "must be >= 0.01"),
+    ("--repetition-penalty", "nan", "expected a number"), ("--repetition-penalty", "1e3", "must be <= 100.0"),
+    ("--top-p", "0", "must be > 0"), ("--top-p", "1.5", "must be <= 1"), ("--top-p", "nan", "expected a number"),
+    ("--top-k", "-1", "must be >= 0"), ("--max-frames", "0", "must be >= 1"), ("--speed", "5", "must be <= 4.0"),
+])
+def test_out_of_range_sampling_values_exit_2(tmp_path, capsys, flag, value, words):
+    """Every sampling value out of its range exits 2 naming the flag, before the model is looked at."""
+    assert main(["say", "Hi.", "-m", "no-such-model", "-o", str(tmp_path / "x.wav"), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {words}" in err and "no-such-model" not in err
+    assert os.listdir(tmp_path) == []
 

@@ -49,6 +49,7 @@ class TTS:
     def __init__(self, components):
         self.components = components
         self.config = components.config
+        self._codec: str | None = None
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -70,6 +71,16 @@ class TTS:
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
+
+    @property
+    def codec(self) -> str | None:
+        """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
+        snapshot = getattr(self.components, "snapshot", None)
+        if self._codec is None and snapshot is not None:
+            from .bundle import codec_fingerprint
+
+            self._codec = codec_fingerprint(snapshot)
+        return self._codec
 
     @property
     def thread_safe(self) -> bool:
@@ -96,38 +107,39 @@ class TTS:
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        chunks = self._stream(pieces, mode, options)
-        if options.speed != 1.0:
-            from .stretch import stretch_chunks
-
-            chunks = stretch_chunks(chunks, options.speed)
-        return chunks
+        return _stretched(self._stream(pieces, mode, options), options.speed)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`), with its frames in ``Audio.codes``."""
         return _collect(self.stream(text, **kwargs))
 
-    def decode_stream(self, codes, prime=None, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+    def decode_stream(self, codes, prime=None, options: SynthesisOptions | None = None,
+                      codec: str | None = None) -> Iterator[AudioChunk]:
         """Vocode saved frames ``[frames, 16]`` in streaming chunks, as :meth:`stream` decodes them.
 
         ``prime``: the reference codes :meth:`stream` primed the vocoder with: ``voice.ref_codes``
         of an ICL voice (one made with ``ref_text``), else None. ``options``: only
-        ``first_chunk_frames`` / ``chunk_frames`` apply. The same frames, prime and chunk sizes
-        give the same audio as the :meth:`stream` call that made them. Bad codes (shape, type,
-        range) raise InputError at the call.
+        ``first_chunk_frames`` / ``chunk_frames`` / ``speed`` apply. The same frames, prime, chunk
+        sizes and speed give the same audio as the :meth:`stream` call that made them. ``codec``:
+        the :attr:`codec` the frames were made with (a codes file records it), checked against
+        this checkpoint's. Bad codes (shape, type, range, codec) raise InputError at the call.
         """
         self._need("vocoder", "vocoder")
         options = options or SynthesisOptions()
         options.validate()
+        if codec is not None and self.codec is not None and codec != self.codec:
+            raise InputError(f"these codes were made with another speech tokenizer (codec {codec}) than this "
+                             f"checkpoint's (codec {self.codec}); decode them with the checkpoint that made them "
+                             "(any checkpoint sharing its speech_tokenizer/ decodes them the same)")
         tokenizer = self.config.speech_tokenizer
         size = int(tokenizer.decoder_config.codebook_size) if tokenizer is not None else CODEBOOK_SIZE
         codes = check_codes(codes, "codes", size)
         prime = None if prime is None else check_codes(prime, "prime", size, allow_empty=True)
-        return self._decode(codes, prime, options)
+        return _stretched(self._decode(codes, prime, options), options.speed)
 
-    def decode(self, codes, prime=None, options: SynthesisOptions | None = None) -> Audio:
+    def decode(self, codes, prime=None, options: SynthesisOptions | None = None, codec: str | None = None) -> Audio:
         """The whole audio of saved frames (consumes :meth:`decode_stream`)."""
-        return _collect(self.decode_stream(codes, prime=prime, options=options))
+        return _collect(self.decode_stream(codes, prime=prime, options=options, codec=codec))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
         """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
@@ -230,6 +242,15 @@ class TTS:
         final = chunker.flush()
         final.is_final = True
         yield _stamp(final, stats, t0, final=True)
+
+
+def _stretched(chunks, speed: float):
+    """``chunks`` time-stretched to ``speed`` as they come (:mod:`qtts.stretch`); 1.0 = as is."""
+    if speed == 1.0:
+        return chunks
+    from .stretch import stretch_chunks
+
+    return stretch_chunks(chunks, speed)
 
 
 def _collect(chunks) -> Audio:

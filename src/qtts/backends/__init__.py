@@ -50,6 +50,7 @@ class Components:
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
+    snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
 
     @property
     def thread_safe(self) -> bool:
@@ -84,7 +85,7 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
         speaker_encoder=_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
         speech_encoder=_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
-        plan=plan, threads=ctx.threads,
+        plan=plan, threads=ctx.threads, snapshot=snapshot,
     )  # fmt: skip
 
 

@@ -42,6 +42,8 @@ def number(cast=int, lo=None, hi=None, above=None):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
                                              f"got {text!r}") from None
+        if value != value:  # NaN fails every bound comparison below, so it would pass them all
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
         for bad, rule in ((lo is not None and value < lo, f">= {lo}"), (hi is not None and value > hi, f"<= {hi}"),
                           (above is not None and not value > above, f"> {above}")):
             if bad:

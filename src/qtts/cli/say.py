@@ -46,8 +46,7 @@ def register(sub) -> None:
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     p.add_argument("--codes-out", metavar="FILE", help=CODES_HELP)
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # old flag: output always streams
-    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0, metavar="S",
-                   help="speaking rate 0.25-4.0, pitch kept (a time stretch while streaming; default 1.0)")
+    _speed_argument(p)
     _sampling_arguments(p)
     _chunk_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
@@ -81,6 +80,11 @@ def _sampling_arguments(p) -> None:
                    help="put the whole text in the prompt (default for CustomVoice/VoiceDesign)")
     s.add_argument("--no-split", action="store_true", help="do not split long text into sentences")
     s.add_argument("--no-watchdog", action="store_true", help="disable the stuck-code watchdog")
+
+
+def _speed_argument(p) -> None:
+    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0, metavar="S",
+                   help="speaking rate 0.25-4.0, pitch kept (a time stretch while streaming; default 1.0)")
 
 
 def _chunk_arguments(p, title: str = "streaming") -> None:
@@ -154,7 +158,7 @@ def run_say(args) -> int:
     last = write_chunks(chunks, args.output, fmt, progress, frames)
     if args.codes_out:
         prime = voice.ref_codes if voice is not None and voice.icl else None  # what stream() primed with
-        write_codes(args.codes_out, frames, prime, args.quiet)
+        write_codes(args.codes_out, frames, prime, tts.codec, args.quiet)
     progress.summary(last)
     return 0
 
@@ -187,13 +191,14 @@ def _keep(frames: list | None, chunk) -> None:
         frames.append(chunk.codes)
 
 
-def write_codes(path: str, frames: list, prime, quiet: bool) -> None:
-    """``--codes-out``: every frame in order (.npz: with the ICL prime); a note when an .npy needs the voice."""
+def write_codes(path: str, frames: list, prime, codec: str | None, quiet: bool) -> None:
+    """``--codes-out``: every frame in order (.npz: with the ICL prime and the codec fingerprint);
+    a note when an .npy needs the voice."""
     import numpy as np
 
     from ..codes import save_codes
 
-    save_codes(path, np.concatenate(frames), prime)
+    save_codes(path, np.concatenate(frames), prime, codec)
     if prime is not None and path.lower().endswith(".npy") and not quiet:
         print(ICL_NOTE, file=sys.stderr)
 
@@ -208,6 +213,7 @@ def _register_decode(sub) -> None:
                    "vocoder with its reference codes, as say does (an .npz from say already holds them)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the "
                    "format (.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
+    _speed_argument(p)
     _chunk_arguments(p, "streaming (the sizes say used, default 2 and 8, give exactly its audio)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
 
@@ -218,13 +224,29 @@ def run_decode(args) -> int:
     from ..options import SynthesisOptions
 
     fmt = check_audio(args.output)
-    codes, prime = load_codes(args.codes)
+    codes, prime, codec = load_codes(args.codes)
     prime = decode_prime(args.codes, prime, args.voice)
+    check_codec(args.codes, codec, args.model)
     tts = load(args.model, plan=args.plan, threads=args.threads, parts=("vocoder",))
-    options = SynthesisOptions(first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames)
+    options = SynthesisOptions(first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
+                               speed=args.speed)
     progress = Progress(args.quiet)
     progress.summary(write_chunks(tts.decode_stream(codes, prime, options), args.output, fmt, progress))
     return 0
+
+
+def check_codec(codes_path: str, codec: str | None, model: str) -> None:
+    """Refuse codes whose file names another speech tokenizer than ``--model``'s (before loading it)."""
+    from ..backends import snapshot_dir
+    from ..bundle import codec_fingerprint
+
+    if codec is None:
+        return  # an .npy, or an .npz written by hand: nothing to check
+    ours = codec_fingerprint(snapshot_dir(model))
+    if codec != ours:
+        raise InputError(f"{codes_path} was made with another checkpoint's speech tokenizer (codec {codec}), but "
+                         f"--model {model} has codec {ours}; pass the checkpoint that made the codes (any checkpoint "
+                         "with the same speech_tokenizer/ decodes them the same)")
 
 
 def decode_prime(codes_path: str, prime, voice_path: str | None):
