@@ -4,7 +4,10 @@
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
 vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
-consumes ``stream()``. The parts it runs on come from :func:`qtts.backends.open`.
+consumes ``stream()``. Every chunk carries the codec frames it was decoded from
+(``AudioChunk.codes``); :meth:`TTS.decode_stream` feeds saved frames through the same chunker and
+vocoder priming, so the same frames, voice prime and chunk sizes give the same audio. The parts it
+runs on come from :func:`qtts.backends.open`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from .audio import Audio, AudioChunk
-from .config import FRAME_RATE, SAMPLE_RATE
+from .codes import check_codes
+from .config import CODEBOOK_SIZE, FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
@@ -27,14 +31,16 @@ from .voice import Voice, add_trailing_silence, load_reference_audio
 log = logging.getLogger(__name__)
 
 
-def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None) -> TTS:
+def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
+         parts=None) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
 
-    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`).
+    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
+    builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
     """
     from .backends import open as open_components
 
-    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend))
+    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, parts=parts))
 
 
 class TTS:
@@ -43,6 +49,7 @@ class TTS:
     def __init__(self, components):
         self.components = components
         self.config = components.config
+        self._codec: str | None = None
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -66,6 +73,16 @@ class TTS:
         return SAMPLE_RATE
 
     @property
+    def codec(self) -> str | None:
+        """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
+        snapshot = getattr(self.components, "snapshot", None)
+        if self._codec is None and snapshot is not None:
+            from .bundle import codec_fingerprint
+
+            self._codec = codec_fingerprint(snapshot)
+        return self._codec
+
+    @property
     def thread_safe(self) -> bool:
         """True when concurrent ``stream()`` calls from several threads are safe on this object.
 
@@ -83,24 +100,46 @@ class TTS:
         Input errors (mode/checkpoint mismatch, unknown speaker or language, empty text) are
         raised at the call, before any chunk. Closing the iterator stops generation at once.
         """
+        self._need("backend", "generation")
+        self._need("vocoder", "vocoder")
         options = (options or SynthesisOptions()).resolve(self.config.generation)
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        chunks = self._stream(pieces, mode, options)
-        if options.speed != 1.0:
-            from .stretch import stretch_chunks
-
-            chunks = stretch_chunks(chunks, options.speed)
-        return chunks
+        return _stretched(self._stream(pieces, mode, options), options.speed)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
-        """The whole utterance (consumes :meth:`stream`)."""
-        chunks = list(self.stream(text, **kwargs))
-        last = chunks[-1]
-        samples = np.concatenate([c.samples for c in chunks]).astype(np.float32)
-        return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info))
+        """The whole utterance (consumes :meth:`stream`), with its frames in ``Audio.codes``."""
+        return _collect(self.stream(text, **kwargs))
+
+    def decode_stream(self, codes, prime=None, options: SynthesisOptions | None = None,
+                      codec: str | None = None) -> Iterator[AudioChunk]:
+        """Vocode saved frames ``[frames, 16]`` in streaming chunks, as :meth:`stream` decodes them.
+
+        ``prime``: the reference codes :meth:`stream` primed the vocoder with: ``voice.ref_codes``
+        of an ICL voice (one made with ``ref_text``), else None. ``options``: only
+        ``first_chunk_frames`` / ``chunk_frames`` / ``speed`` apply. The same frames, prime, chunk
+        sizes and speed give the same audio as the :meth:`stream` call that made them. ``codec``:
+        the :attr:`codec` the frames were made with (a codes file records it), checked against
+        this checkpoint's. Bad codes (shape, type, range, codec) raise InputError at the call.
+        """
+        self._need("vocoder", "vocoder")
+        options = options or SynthesisOptions()
+        options.validate()
+        if codec is not None and self.codec is not None and codec != self.codec:
+            raise InputError(f"these codes were made with another speech tokenizer (codec {codec}) than this "
+                             f"checkpoint's (codec {self.codec}); decode them with the checkpoint that made them "
+                             "(any checkpoint sharing its speech_tokenizer/ decodes them the same)")
+        tokenizer = self.config.speech_tokenizer
+        size = int(tokenizer.decoder_config.codebook_size) if tokenizer is not None else CODEBOOK_SIZE
+        codes = check_codes(codes, "codes", size)
+        prime = None if prime is None else check_codes(prime, "prime", size, allow_empty=True)
+        return _stretched(self._decode(codes, prime, options), options.speed)
+
+    def decode(self, codes, prime=None, options: SynthesisOptions | None = None, codec: str | None = None) -> Audio:
+        """The whole audio of saved frames (consumes :meth:`decode_stream`)."""
+        return _collect(self.decode_stream(codes, prime=prime, options=options, codec=codec))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
         """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
@@ -120,6 +159,9 @@ class TTS:
                 f"voice cloning needs a Base checkpoint; this one is '{self.model_type}' "
                 f"(valid here: {valid_conditioning(self.config)})"
             )
+        self._need("speaker_encoder", "speaker_encoder")
+        if ref_text is not None:
+            self._need("speech_encoder", "speech_encoder")
         if not 0.0 <= float(trailing_silence) <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {trailing_silence}")
         wav = load_reference_audio(ref_audio, sample_rate)
@@ -132,6 +174,18 @@ class TTS:
                      model_size=self.model_size, name=name)
 
     # -- internals -----------------------------------------------------------------------------
+    def _need(self, attr: str, part: str):
+        if getattr(self.components, attr) is None:
+            raise InputError(f"this TTS was loaded without the {part}; load it with parts=None (everything) "
+                             f"or parts that include '{part}'")
+
+    def _vocoder(self, prime):
+        """A fresh vocoder stream, primed with ICL reference codes (their audio is discarded)."""
+        vocoder = self.components.vocoder.stream()
+        if prime is not None and len(prime):
+            vocoder.decode(prime)
+        return vocoder
+
     def _pieces(self, text: str, options: SynthesisOptions) -> list[str]:
         text = clean_text(text)
         if not options.split_sentences:
@@ -152,9 +206,7 @@ class TTS:
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
         parts = self.components
         t0 = time.perf_counter()
-        vocoder = parts.vocoder.stream()
-        if mode.icl:
-            vocoder.decode(mode.ref_codes)  # prime the vocoder state; the reference audio is discarded
+        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
         chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
         for index, piece in enumerate(pieces):
@@ -178,6 +230,37 @@ class TTS:
         final.finish_reason = worst_reason(stats["finish_reasons"])
         yield _stamp(final, stats, t0, final=True)
 
+    def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
+        t0 = time.perf_counter()
+        stats = {"frames": 0, "ttfa_s": None}
+        chunker = _Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
+        for frame in codes:
+            stats["frames"] += 1
+            chunk = chunker.push(frame)
+            if chunk is not None:
+                yield _stamp(chunk, stats, t0)
+        final = chunker.flush()
+        final.is_final = True
+        yield _stamp(final, stats, t0, final=True)
+
+
+def _stretched(chunks, speed: float):
+    """``chunks`` time-stretched to ``speed`` as they come (:mod:`qtts.stretch`); 1.0 = as is."""
+    if speed == 1.0:
+        return chunks
+    from .stretch import stretch_chunks
+
+    return stretch_chunks(chunks, speed)
+
+
+def _collect(chunks) -> Audio:
+    """One :class:`Audio` (samples and codes) from a chunk stream."""
+    chunks = list(chunks)
+    last = chunks[-1]
+    samples = np.concatenate([c.samples for c in chunks]).astype(np.float32)
+    codes = np.concatenate([c.codes for c in chunks])
+    return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info), codes=codes)
+
 
 def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> AudioChunk:
     now = time.perf_counter() - t0
@@ -186,8 +269,9 @@ def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> Au
     info = {"frames": stats["frames"], "wall_s": now, "ttfa_s": stats["ttfa_s"]}
     if final:
         audio_s = stats["frames"] / FRAME_RATE
-        info.update(audio_s=audio_s, rtf=(now / audio_s) if audio_s else None,
-                    pieces=stats["pieces"], finish_reasons=list(stats["finish_reasons"]))
+        info.update(audio_s=audio_s, rtf=(now / audio_s) if audio_s else None)
+        if "pieces" in stats:
+            info.update(pieces=stats["pieces"], finish_reasons=list(stats["finish_reasons"]))
     chunk.info = info
     return chunk
 
@@ -211,11 +295,12 @@ class _Chunker:
 
     def _emit(self) -> AudioChunk:
         n = len(self.pending)
+        codes = np.stack(self.pending).astype(np.int64) if n else np.zeros((0, NUM_CODEBOOKS), dtype=np.int64)
         if n:
-            samples = np.asarray(self.vocoder.decode(np.stack(self.pending)), dtype=np.float32)
+            samples = np.asarray(self.vocoder.decode(codes), dtype=np.float32)
         else:
             samples = np.zeros(0, dtype=np.float32)
-        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n)
+        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n, codes=codes)
         self.start += n
         self.emitted += 1
         self.pending = []
