@@ -13,7 +13,9 @@ Three stages, each with its own finality rule:
    character that never composes with a character before it (:func:`stable_starter`; the few
    that do are computed from the Unicode tables). NFC of the text splits there:
    ``NFC(a + b) == NFC(a) + NFC(b)`` when ``b`` starts with a stable starter, and removing
-   control characters and the leading whitespace commutes with that split.
+   control characters and the leading whitespace commutes with that split. When the text so
+   far ends with a character that also starts no canonical pair (:func:`closed_end`: spaces,
+   digits, most punctuation), all of it is cleaned.
 2. **Pre-tokenization.** The Qwen2 regex (and the "fixed" variant the official wrapper uses) is
    a left-to-right list of alternatives whose only look-ahead is one character and whose
    repetitions each scan one homogeneous run (letters [+ marks], digits one at a time,
@@ -49,24 +51,29 @@ import functools
 import unicodedata
 
 #: Hangul medial vowels and final consonants compose with the syllable before them
-_HANGUL_BACKWARD = (range(0x1161, 0x1176), range(0x11A8, 0x11C3))
+_HANGUL_SECOND = (range(0x1161, 0x1176), range(0x11A8, 0x11C3))
+#: Hangul leading consonants and syllables compose with the jamo after them
+_HANGUL_FIRST = (range(0x1100, 0x1113), range(0xAC00, 0xD7A4))
 
 
 @functools.lru_cache(maxsize=1)
-def _backward_composing() -> frozenset:
-    """Starters (ccc 0) that are the second half of a canonical pair (NFC_Quick_Check=Maybe)."""
-    out = set()
+def _composing() -> tuple[frozenset, frozenset]:
+    """(first, second) halves of the canonical pairs whose second half is a starter (ccc 0), and
+    the first halves of every pair: what NFC may join with a following / preceding character."""
+    first, second = set(), set()
     for cp in range(0x20000):  # no two-part canonical decomposition lies above U+1FFFF
         d = unicodedata.decomposition(chr(cp))
         if d and not d.startswith("<"):
             parts = d.split()
             if len(parts) == 2:
-                second = chr(int(parts[1], 16))
-                if unicodedata.combining(second) == 0:
-                    out.add(second)
-    for r in _HANGUL_BACKWARD:
-        out.update(chr(c) for c in r)
-    return frozenset(out)
+                first.add(chr(int(parts[0], 16)))
+                if unicodedata.combining(chr(int(parts[1], 16))) == 0:
+                    second.add(chr(int(parts[1], 16)))
+    for r in _HANGUL_SECOND:
+        second.update(chr(c) for c in r)
+    for r in _HANGUL_FIRST:
+        first.update(chr(c) for c in r)
+    return frozenset(first), frozenset(second)
 
 
 def stable_starter(ch: str) -> bool:
@@ -74,7 +81,16 @@ def stable_starter(ch: str) -> bool:
     if ch.isascii():
         return True
     first = unicodedata.normalize("NFD", ch)[0]
-    return unicodedata.combining(first) == 0 and first not in _backward_composing()
+    return unicodedata.combining(first) == 0 and first not in _composing()[1]
+
+
+def closed_end(ch: str) -> bool:
+    """True when NFC never joins ``ch`` with what comes after it either (a stable starter that
+    starts no canonical pair: a space, a digit, most punctuation; not a letter that takes accents)."""
+    if not stable_starter(ch):
+        return False
+    last = unicodedata.normalize("NFD", ch)[-1]
+    return unicodedata.combining(last) == 0 and last not in _composing()[0]
 
 
 def _removed(ch: str) -> bool:
@@ -180,7 +196,10 @@ class FinalTokens:
 
     # -- internals ---------------------------------------------------------------------------
     def _raw_cut(self) -> int:
-        """Index of the last stable starter of ``raw`` that cleaning keeps (0 = none)."""
+        """Where ``raw`` can be cleaned up to: its end when its last character joins nothing that
+        follows, else the last stable starter that cleaning keeps (0 = none)."""
+        if not _removed(self.raw[-1]) and closed_end(self.raw[-1]):
+            return len(self.raw)
         for i in range(len(self.raw) - 1, 0, -1):
             ch = self.raw[i]
             if not _removed(ch) and stable_starter(ch):

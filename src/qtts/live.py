@@ -141,6 +141,7 @@ class Context:
         self.feed, self.stream, self.backend = feed, stream, backend
         self.max_tokens, self.budget = max(1, max_tokens), budget
         self.run = feed._runs
+        self.start = feed.tokens.run_start  # text offset of this context's first body id
         self.body: list[int] | None = None  # frozen body once the context is cut
         self.fed = 0  # stream ids the talker has taken (prefill + steps)
         self.waited_s = 0.0
@@ -195,14 +196,11 @@ class Context:
         with self.feed.cond:
             if finish_reason == "cancelled" or self.run != self.feed._runs:
                 return  # cancelled, or already cut (the next run started at the cut)
-            ids, taken = self.feed.tokens.ids, self._taken()
-            if taken >= len(ids) and self.feed.closed:
-                self._restart(len(self.feed.tokens.text))  # everything spoken: an empty run
+            tokens, taken = self.feed.tokens, max(1, self._taken())  # a context always takes one id
+            if taken >= len(tokens.ids) and self.feed.closed:
+                self._restart(len(tokens.text))  # all of it went in: an empty run
                 return
-            if taken < len(ids):
-                offset = self.feed.tokens.starts[taken]
-            else:
-                offset = self.feed.tokens.cursor
+            offset = tokens.starts[taken] if taken < len(tokens.ids) else tokens.cursor
             log.info("a talker context ended (%s) before its text did; the rest starts a new context",
                      finish_reason)
             self._restart(self._word_start(offset))
@@ -269,12 +267,12 @@ class Context:
         self.feed.cond.notify_all()
 
     def _word_start(self, offset: int) -> int:
-        """The last hard boundary at or before ``offset`` (so a word is never split across contexts)."""
-        text, first = self.feed.tokens.text, self.feed.tokens.run_start
-        o = offset
-        while o > first and not hard_boundary(text[o - 1], text[o]):
+        """The last hard boundary at or before ``offset``, so that the next context does not start
+        inside a word; ``offset`` itself when this context's text is one word (always progress)."""
+        text, o = self.feed.tokens.text, offset
+        while o > self.start and not hard_boundary(text[o - 1], text[o]):
             o -= 1
-        return o
+        return o if o > self.start else offset
 
 
 def context_limits(cap: int, fixed_budget: int | None) -> tuple[int, callable]:
