@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 import qtts
 from qtts.server.worker import Job
 from server_util import assert_healthy, metric, start_server, wait_for
+from test_examples import run_example
 
 TEXT = "Hi there, 42 cats; ça va?"
 SESSION = {"voice": "vivian", "response_format": "pcm", "greedy": True, "max_frames": 16}
@@ -210,3 +211,11 @@ def test_busy_server_closes_with_try_again_later(tiny_snapshot):
             assert r.close_code == 1013 and r.error()["code"] == "queue_full"
     finally:
         srv.stop()
+
+
+def test_live_client_example(live, tmp_path):
+    out = tmp_path / "live.pcm"
+    stdout = run_example("live_client.py", live.url.replace("http://", "ws://"), "vivian", str(out),
+                         "--max-frames", "8")
+    assert '"audio.done"' in stdout and "close code 1000" in stdout
+    assert out.stat().st_size > 0 and out.stat().st_size % (2 * 1920) == 0
