@@ -109,7 +109,7 @@ def main() -> int:
     rec = Recorder(tts.components.vocoder)
     tts = qtts.TTS(dataclasses.replace(tts.components, vocoder=rec))
     kw = voice_for(tts)
-    opts = SynthesisOptions(greedy=True, split_sentences=False, non_streaming_text=False)
+    opts = SynthesisOptions(greedy=True, split_sentences=False, non_streaming_text=False, watchdog=False)
     tok = tts.components.tokenizer
     pieces = [tok.decode([i]) for i in tok.encode(TEXT)]  # what an LLM streams: one token per delta
     load0 = os.getloadavg()
