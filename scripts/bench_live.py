@@ -8,6 +8,10 @@ Per round, alternating so machine load hits every path alike (greedy decoding, o
 * ``live N tok/s``: ``tts.stream_text(llm)``, an LLM that emits the text's tokens on a wall-clock
   schedule of N tokens/s: first piece -> first chunk (``chunk.info["text_to_audio_s"]``).
 
+Each time is split at the talker prefill: call (or first text piece) -> prefill starts (the live
+path's own wait for a final token: one LLM token interval at best), and prefill -> first chunk
+(compute, the same work on every path; noisy on a shared machine).
+
 The timed runs stop after their first chunk; their codes so far must equal stream()'s. A slow LLM
 (``--slow``, 3 tokens/s) run to the end (``--max-frames``) shows the talker waiting
 (``text_wait_s``) with the same codes as stream().
@@ -40,6 +44,21 @@ def llm(pieces: list[str], rate: float):
         yield piece
 
 
+class PrefillClock:
+    """Wraps the generation backend and notes when each prefill (a talker call on > 1 vectors) starts."""
+
+    def __init__(self, inner):
+        self.inner, self.starts = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def talker(self, embeds, pos, state):
+        if len(embeds) > 1:
+            self.starts.append(time.perf_counter())
+        return self.inner.talker(embeds, pos, state)
+
+
 class Recorder:
     """Wraps a vocoder and keeps the codes it decodes (to compare runs)."""
 
@@ -67,14 +86,15 @@ class Recorder:
         return out
 
 
-def first_chunk(chunks, live: bool) -> float:
-    """Seconds to the first chunk with audio (from the call, or from the first text piece); then stop."""
-    t0 = time.perf_counter()
+def first_chunk(chunks, live: bool, clock: PrefillClock) -> tuple[float, float]:
+    """(to the prefill, prefill to the first chunk with audio), from the call or the first text piece."""
+    t0, clock.starts = time.perf_counter(), []
     for chunk in chunks:
         if len(chunk.samples):
-            seconds = chunk.info["text_to_audio_s"] if live else time.perf_counter() - t0
+            now = time.perf_counter()
+            total = chunk.info["text_to_audio_s"] if live else now - t0
             chunks.close()
-            return seconds
+            return total - (now - clock.starts[0]), now - clock.starts[0]
     raise RuntimeError("no audio")
 
 
@@ -106,33 +126,35 @@ def main() -> int:
     from qtts.options import SynthesisOptions
 
     tts = qtts.load(args.model, plan=args.plan, threads=args.threads)
-    rec = Recorder(tts.components.vocoder)
-    tts = qtts.TTS(dataclasses.replace(tts.components, vocoder=rec))
+    rec, clock = Recorder(tts.components.vocoder), PrefillClock(tts.components.backend)
+    tts = qtts.TTS(dataclasses.replace(tts.components, vocoder=rec, backend=clock))
     kw = voice_for(tts)
     opts = SynthesisOptions(greedy=True, split_sentences=False, non_streaming_text=False, watchdog=False)
     tok = tts.components.tokenizer
     pieces = [tok.decode([i]) for i in tok.encode(TEXT)]  # what an LLM streams: one token per delta
     load0 = os.getloadavg()
-    rows: dict[str, list[float]] = {"stream": [], "live whole": [], **{f"live {r:g} tok/s": [] for r in args.rates}}
+    rows: dict[str, list] = {"stream": [], "live whole": [], **{f"live {r:g} tok/s": [] for r in args.rates}}
     for rnd in range(args.rounds + 1):  # round 0 warms up
-        times = {"stream": first_chunk(tts.stream(TEXT, options=opts, **kw), live=False)}
+        times = {"stream": first_chunk(tts.stream(TEXT, options=opts, **kw), False, clock)}
         want = rec.take()
-        times["live whole"] = first_chunk(tts.stream_text([TEXT], options=opts, **kw), live=True)
+        times["live whole"] = first_chunk(tts.stream_text([TEXT], options=opts, **kw), True, clock)
         assert same_start(rec.take(), want), "live whole: codes differ from stream()"
         for r in args.rates:
-            times[f"live {r:g} tok/s"] = first_chunk(tts.stream_text(llm(pieces, r), options=opts, **kw), live=True)
+            times[f"live {r:g} tok/s"] = first_chunk(tts.stream_text(llm(pieces, r), options=opts, **kw), True, clock)
             assert same_start(rec.take(), want), f"live {r:g} tok/s: codes differ from stream()"
         if rnd:
             for k, v in times.items():
                 rows[k].append(v)
-        print(f"round {rnd}: " + "  ".join(f"{k} {1000 * v:.0f} ms" for k, v in times.items()), file=sys.stderr)
-    base = statistics.median(rows["stream"])
+        print(f"round {rnd}: " + "  ".join(f"{k} {1000 * a:.0f}+{1000 * b:.0f} ms" for k, (a, b) in times.items()),
+              file=sys.stderr)
+    base = statistics.median(a + b for a, b in rows["stream"])
     print(f"{len(pieces)} text tokens, {args.rounds} rounds (+1 warm-up); "
           f"load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} cores")
     for k, v in rows.items():
-        med = statistics.median(v)
-        print(f"  time to first audio, {k:<18} median {1000 * med:7.0f} ms   minus stream {1000 * (med - base):+6.0f} ms"
-              f"   ratio {med / base:.2f}")
+        med = statistics.median(a + b for a, b in v)
+        to_prefill, compute = (statistics.median(x[i] for x in v) for i in (0, 1))
+        print(f"  time to first audio, {k:<17} median {1000 * med:6.0f} ms (to prefill {1000 * to_prefill:5.0f}, "
+              f"then {1000 * compute:5.0f})   minus stream {1000 * (med - base):+5.0f} ms   ratio {med / base:.2f}")
     if args.slow:
         opts = dataclasses.replace(opts, max_frames=args.max_frames, context_frames=max(64, args.max_frames * 4))
         list(tts.stream(TEXT, options=opts, **kw))
