@@ -147,10 +147,10 @@ def main() -> int:
                 rows[k].append(v)
         print(f"round {rnd}: " + "  ".join(f"{k} {1000 * a:.0f}+{1000 * b:.0f} ms" for k, (a, b) in times.items()),
               file=sys.stderr)
-    base = statistics.median(a + b for a, b in rows["stream"])
     print(f"{len(pieces)} text tokens, {args.rounds} rounds (+1 warm-up); "
           f"load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} cores")
-    for k, v in rows.items():
+    base = statistics.median(a + b for a, b in rows["stream"]) if args.rounds else 0.0
+    for k, v in rows.items() if args.rounds else ():
         med = statistics.median(a + b for a, b in v)
         to_prefill, compute = (statistics.median(x[i] for x in v) for i in (0, 1))
         print(f"  time to first audio, {k:<17} median {1000 * med:6.0f} ms (to prefill {1000 * to_prefill:5.0f}, "

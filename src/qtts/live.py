@@ -181,8 +181,9 @@ class Context:
                 raise RuntimeError(f"text for step {step} is not ready")
             tid = self._stream_id(k)
             self.fed = max(self.fed, k + 1)
-            ahead = {int(i) for i in self._ids()[max(0, k - len(self.stream.prefix)):]}  # final, not fed yet
-        if tid not in self._vectors:  # embed every final id not seen yet in one backend call
+            missing = tid not in self._vectors
+            ahead = {int(i) for i in self._ids()[max(0, k - len(self.stream.prefix)) :]} if missing else set()
+        if missing:  # embed every final id not seen yet in one backend call
             new = sorted((ahead | {tid, self.stream.eos_id, self.stream.pad_id}) - set(self._vectors))
             vectors = np.asarray(self.backend.text_embeds(np.asarray(new, np.int64)), np.float32)
             self._vectors.update(zip(new, vectors))
