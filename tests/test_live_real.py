@@ -4,13 +4,15 @@ the text arrives slowly (the talker waits)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 
 import qtts
-from live_fakes import chunkings, recording, slow
+from live_fakes import aslow, chunkings, recording, slow
 from qtts.cli import main as qtts_main
 from qtts.options import SynthesisOptions
 
@@ -57,3 +59,19 @@ def test_slow_text_same_codes(engines):
     chunks = list(tts.stream_text(slow(chunkings(TEXT)["words"], 0.3), speaker=speaker, options=OPTS))
     np.testing.assert_array_equal(vocoder.take(), want)
     assert chunks[-1].info["pieces"] == 1 and chunks[-1].info["text_chars"] == len(TEXT)
+
+
+def test_speed_stretches_like_stream(engines):
+    """options.speed: stream_text's audio (sync and async sources) equals stream()'s at that speed."""
+    tts = engines["torch"]
+    speaker, opts = tts.speakers[0], dataclasses.replace(OPTS, speed=1.5)
+    want = np.concatenate([c.samples for c in tts.stream(TEXT, speaker=speaker, options=opts)])
+    assert len(want) == round(OPTS.max_frames * 1920 / 1.5)
+
+    async def run():
+        return [c async for c in tts.stream_text(aslow(chunkings(TEXT)["words"], 0.002), speaker=speaker,
+                                                  options=opts)]
+
+    for chunks in (list(tts.stream_text(chunkings(TEXT)["random"], speaker=speaker, options=opts)), asyncio.run(run())):
+        np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), want, atol=1e-5)
+        assert chunks[-1].info["speed"] == 1.5

@@ -108,6 +108,14 @@ def test_whole_text_session(live, whole):
     assert len(whole.audio) == 16 * 1920 * 2  # pcm s16le
 
 
+def test_session_speed(live):
+    """session.speed stretches the audio as POST's speed does; out of range is invalid_session."""
+    got = speak(live.ws, [TEXT[:12], TEXT[12:]], session=dict(SESSION, speed=2.0))
+    assert got.close_code == 1000 and len(got.audio) == 16 * 1920  # half the samples, 2 bytes each
+    r = run_session(live.ws, [{"type": "session.update", "session": dict(SESSION, speed=5.0)}])
+    assert r.close_code == 1008 and r.error()["code"] == "invalid_session" and "speed" in r.error()["message"]
+
+
 @pytest.mark.parametrize("split", ["chars", "words", "random"])
 def test_pieces_equal_whole(live, whole, split):
     pieces = {"chars": list(TEXT), "words": [w + " " for w in TEXT.split(" ")[:-1]] + [TEXT.split(" ")[-1]],

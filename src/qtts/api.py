@@ -91,12 +91,7 @@ class TTS:
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        chunks = self._stream(pieces, mode, options)
-        if options.speed != 1.0:
-            from .stretch import stretch_chunks
-
-            chunks = stretch_chunks(chunks, options.speed)
-        return chunks
+        return with_speed(self._stream(pieces, mode, options), options.speed)
 
     def stream_text(self, pieces, voice: Voice | str | None = None, speaker: str | None = None,
                     instruct: str | None = None, language: str | None = None,
@@ -109,8 +104,9 @@ class TTS:
         ahead of the text it waits. With greedy decoding the audio equals ``stream(text,
         split_sentences=False, non_streaming_text=False)`` of the joined text while the text fits
         one talker context (``options.context_frames``); a longer text goes on in a new context
-        from a sentence end. Conditioning errors are raised at the call; an empty text when the
-        input ends. Closing the iterator stops generation within one frame.
+        from a sentence end. ``options.speed`` stretches the audio as in :meth:`stream`.
+        Conditioning errors are raised at the call; an empty text when the input ends. Closing
+        the iterator stops generation within one frame.
         """
         options = (options or SynthesisOptions()).resolve(self.config.generation)
         if options.non_streaming_text:
@@ -127,7 +123,7 @@ class TTS:
 
         if not isinstance(pieces, TextFeed) and not hasattr(pieces, "__iter__"):
             raise InputError(f"stream_text takes an iterable of strings, got {type(pieces).__name__}")
-        return self._stream_live(pieces, mode, options)
+        return with_speed(self._stream_live(pieces, mode, options), options.speed)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`)."""
@@ -243,6 +239,15 @@ class TTS:
             yield _final(chunker, stats, t0)
         finally:
             feed.cancel()  # stops the reader thread (if any) after its piece in flight
+
+
+def with_speed(chunks: Iterator[AudioChunk], speed: float) -> Iterator[AudioChunk]:
+    """``chunks`` time-stretched to ``speed`` while they stream (:mod:`qtts.stretch`); as they are at 1.0."""
+    if speed == 1.0:
+        return chunks
+    from .stretch import stretch_chunks
+
+    return stretch_chunks(chunks, speed)
 
 
 def _live_frames(gen, chunker: _Chunker, stats: dict, t0: float) -> Iterator[AudioChunk]:

@@ -15,6 +15,7 @@ import logging
 import threading
 
 from .live import AnyCancel, TextFeed
+from .stretch import stretch_chunks
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,10 @@ async def astream(tts, pieces, mode, options):
 
     def work() -> None:
         try:
-            for chunk in tts._stream_live(feed, mode, options):
+            chunks = tts._stream_live(feed, mode, options)
+            if options.speed != 1.0:  # the same stretch as TTS.stream (qtts.api.with_speed)
+                chunks = stretch_chunks(chunks, options.speed)
+            for chunk in chunks:
                 put(("chunk", chunk))
             put(("end", None))
         except BaseException as exc:  # delivered to the async consumer

@@ -23,7 +23,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError
-from ..options import MAX_PENALTY, MAX_TEMPERATURE, MIN_PENALTY, MIN_TEMPERATURE
+from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from .errors import ApiError, public_message, validation_message
 from .formats import open_format
 from .speech import Format, VoiceRef, _engine_error, _record, _resolve_voice, _with_cancel
@@ -57,6 +57,8 @@ class SessionConfig(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, ge=MIN_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)
     greedy: bool | None = None
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
+                                description="Speaking rate (a pitch-preserving time stretch), as for POST.")
     max_frames: int | None = Field(None, ge=1, description="Frame budget of each talker context (at most the "
                                    "server's max_frames); None = by text length.")
     chunk_events: bool | None = Field(None, description="Send an audio.chunk event after each audio frame.")
@@ -102,7 +104,7 @@ def _options(cfg: SessionConfig, settings):
     if cfg.max_frames is not None and cfg.max_frames > settings.max_frames:
         raise InputError(f"max_frames={cfg.max_frames} exceeds this server's limit of {settings.max_frames}")
     return SynthesisOptions(talker=talker, seed=cfg.seed, greedy=bool(cfg.greedy), max_frames=cfg.max_frames,
-                            **extra)
+                            speed=1.0 if cfg.speed is None else cfg.speed, **extra)
 
 
 def _produce(session: LiveSession, voice, speaker, options):
