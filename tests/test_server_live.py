@@ -65,7 +65,6 @@ class Result:
 
 def run_session(url: str, messages, delay: float = 0.0) -> Result:
     """Send ``messages`` (dicts as JSON, str/bytes as they are), then read until the server closes."""
-    audio, events = b"", []
     with connect(url, max_size=None) as ws:
         for m in messages:
             if isinstance(m, dict):
@@ -76,16 +75,22 @@ def run_session(url: str, messages, delay: float = 0.0) -> Result:
                 ws.send(m)
             if delay:
                 time.sleep(delay)
-        try:
-            while True:
-                msg = ws.recv(timeout=120)
-                if isinstance(msg, bytes):
-                    audio += msg
-                else:
-                    events.append(json.loads(msg))
-        except ConnectionClosed:
-            pass
-        return Result(audio, events, ws.close_code)
+        return run_session_reader(ws)
+
+
+def run_session_reader(ws) -> Result:
+    """Read audio and events from an open connection until the server closes it."""
+    audio, events = b"", []
+    try:
+        while True:
+            msg = ws.recv(timeout=120)
+            if isinstance(msg, bytes):
+                audio += msg
+            else:
+                events.append(json.loads(msg))
+    except ConnectionClosed:
+        pass
+    return Result(audio, events, ws.close_code)
 
 
 def speak(url: str, pieces, session=None, delay: float = 0.0) -> Result:
@@ -208,8 +213,10 @@ def test_bad_sessions_leave_others_untouched(live, whole):
 
 
 def test_busy_server_closes_with_try_again_later(tiny_snapshot):
+    """One worker, no queue: a second session gets 1013; the first, waiting for text past the
+    session limit, gets session_too_long (1008) and frees the worker."""
     engine = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
-    srv, _ = start_server(engine, max_queue=0, max_frames=64)
+    srv, _ = start_server(engine, max_queue=0, max_frames=64, ws_max_session_s=6.0)
     url = srv.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
     try:
         with connect(url) as holder:  # takes the only worker and waits for text there
@@ -217,6 +224,10 @@ def test_busy_server_closes_with_try_again_later(tiny_snapshot):
             assert wait_for(lambda: metric(srv.url, "qtts_in_flight") == 1)
             r = speak(url, [TEXT])
             assert r.close_code == 1013 and r.error()["code"] == "queue_full"
+            held = run_session_reader(holder)
+        assert held.close_code == 1008 and held.error()["code"] == "session_too_long"
+        assert wait_for(lambda: metric(srv.url, "qtts_in_flight") == 0)
+        assert speak(url, [TEXT]).close_code == 1000  # the worker is free again
     finally:
         srv.stop()
 
