@@ -19,7 +19,9 @@ Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
 :class:`qtts.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
 yet: :func:`ready` says (non-blocking) whether :func:`advance` can run now, :func:`wait_ready`
 blocks until it can (the one-stream loop calls it), and :func:`frame_limit` is the frame budget,
-which grows with the text until the text is complete.
+which grows with the text until the text is complete. A scheduler that steps several streams
+calls :func:`ready` before :func:`advance` and leaves a stream that is not ready for a later round
+(advancing it raises); streams without live text are always ready.
 
 It stops on EOS (the EOS frame is dropped), on the frame budget (``length``), or when the
 :class:`Watchdog` sees stuck codes (``runaway``). It can never loop forever: every iteration
