@@ -7,8 +7,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
-
 import qtts
 from qtts.audio import float_to_int16
 from qtts.cli import main
@@ -36,7 +34,7 @@ def test_live_stdin_pieces_to_pcm(tiny_snapshot):
 
     reader = threading.Thread(target=read)
     reader.start()
-    head = "Hi there, 42 ca".encode()
+    head = b"Hi there, 42 ca"
     for i in range(0, len(head), 4):  # pieces with pauses, then wait for audio before the rest
         proc.stdin.write(head[i : i + 4])
         proc.stdin.flush()
