@@ -1,13 +1,16 @@
-"""Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``synthesize`` / ``save`` / ``create_voice``.
+"""Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``stream_text`` / ``synthesize`` /
+``save`` / ``create_voice``.
 
 ``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
 vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
-consumes ``stream()``. Every chunk carries the codec frames it was decoded from
-(``AudioChunk.codes``); :meth:`TTS.decode_stream` feeds saved frames through the same chunker and
-vocoder priming, so the same frames, voice prime and chunk sizes give the same audio. The parts it
-runs on come from :func:`qtts.backends.open`.
+consumes ``stream()``. ``stream_text()`` is the same body over text that is still arriving
+(:mod:`qtts.live`): one talker context across sentences, the same chunking and vocoder stream.
+Every chunk carries the codec frames it was decoded from (``AudioChunk.codes``);
+:meth:`TTS.decode_stream` feeds saved frames through the same chunker and vocoder priming, so the
+same frames, voice prime and chunk sizes give the same audio. The parts it runs on come from
+:func:`qtts.backends.open`.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from .audio import Audio, AudioChunk
+from .chunking import Chunker, collect, finish, live_frames, stamp, with_speed
 from .codes import check_codes
-from .config import CODEBOOK_SIZE, FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
+from .config import CODEBOOK_SIZE, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
-from .prompt import build_prompt, clean_text, resolve_mode, valid_conditioning
+from .prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
 log = logging.getLogger(__name__)
@@ -107,11 +111,43 @@ class TTS:
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        return _stretched(self._stream(pieces, mode, options), options.speed)
+        return with_speed(self._stream(pieces, mode, options), options.speed)
+
+    def stream_text(self, pieces, voice: Voice | str | None = None, speaker: str | None = None,
+                    instruct: str | None = None, language: str | None = None,
+                    options: SynthesisOptions | None = None):
+        """Speak text while it is still being written: ``pieces`` are its parts in order (an LLM's
+        deltas), as an iterable, an async iterable, or a :class:`qtts.live.TextFeed`.
+
+        Yields :class:`AudioChunk` like :meth:`stream` (an async iterator for an async iterable).
+        Text goes to the talker a token at a time as tokens become final; when the talker is
+        ahead of the text it waits. With greedy decoding the audio equals ``stream(text,
+        split_sentences=False, non_streaming_text=False)`` of the joined text while the text fits
+        one talker context (``options.context_frames``); a longer text goes on in a new context
+        from a sentence end. ``options.speed`` stretches the audio as in :meth:`stream`.
+        Conditioning errors are raised at the call; an empty text when the input ends. Closing
+        the iterator stops generation within one frame.
+        """
+        options = (options or SynthesisOptions()).resolve(self.config.generation)
+        if options.non_streaming_text:
+            raise InputError("stream_text feeds text as it arrives, which needs the streaming text layout; "
+                             "leave non_streaming_text unset (or False)")
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.load(os.fspath(voice))
+        mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
+        if hasattr(pieces, "__aiter__"):
+            from .textsource import astream
+
+            return astream(self, pieces, mode, options)
+        from .live import TextFeed
+
+        if not isinstance(pieces, TextFeed) and not hasattr(pieces, "__iter__"):
+            raise InputError(f"stream_text takes an iterable of strings, got {type(pieces).__name__}")
+        return with_speed(self._stream_live(pieces, mode, options), options.speed)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`), with its frames in ``Audio.codes``."""
-        return _collect(self.stream(text, **kwargs))
+        return collect(self.stream(text, **kwargs))
 
     def decode_stream(self, codes, prime=None, options: SynthesisOptions | None = None,
                       codec: str | None = None) -> Iterator[AudioChunk]:
@@ -135,11 +171,11 @@ class TTS:
         size = int(tokenizer.decoder_config.codebook_size) if tokenizer is not None else CODEBOOK_SIZE
         codes = check_codes(codes, "codes", size)
         prime = None if prime is None else check_codes(prime, "prime", size, allow_empty=True)
-        return _stretched(self._decode(codes, prime, options), options.speed)
+        return with_speed(self._decode(codes, prime, options), options.speed)
 
     def decode(self, codes, prime=None, options: SynthesisOptions | None = None, codec: str | None = None) -> Audio:
         """The whole audio of saved frames (consumes :meth:`decode_stream`)."""
-        return _collect(self.decode_stream(codes, prime=prime, options=options, codec=codec))
+        return collect(self.decode_stream(codes, prime=prime, options=options, codec=codec))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
         """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
@@ -194,13 +230,11 @@ class TTS:
 
         return split_sentences(text, max_chars=options.max_sentence_chars) or [text]
 
-    def _loop_params(self, num_ids: int, options: SynthesisOptions, index: int) -> LoopParams:
-        cap = int(self.config.generation.max_new_tokens)
-        max_frames = options.max_frames or frame_budget(num_ids, cap=cap)
+    def _loop_params(self, max_frames: int, options: SynthesisOptions, index: int, cancel=None) -> LoopParams:
         seed = None if options.seed is None else int(options.seed) + index
         return LoopParams.for_config(
             self.config, options.talker, options.predictor, max_frames, seed=seed,
-            watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
+            watchdog=WatchdogParams() if options.watchdog else None, cancel=cancel or options.cancel,
         )  # fmt: skip
 
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
@@ -208,109 +242,69 @@ class TTS:
         t0 = time.perf_counter()
         vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
-        chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
         for index, piece in enumerate(pieces):
             prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
-            gen = generate(parts.backend, prompt, self._loop_params(prompt.text_token_count, options, index),
-                           speaker=mode.xvector)
+            budget = options.max_frames or frame_budget(prompt.text_token_count,
+                                                        cap=int(self.config.generation.max_new_tokens))
+            gen = generate(parts.backend, prompt, self._loop_params(budget, options, index), speaker=mode.xvector)
             frames = iter(gen)
             try:
                 for codes in frames:
                     stats["frames"] += 1
                     chunk = chunker.push(codes)
                     if chunk is not None:
-                        yield _stamp(chunk, stats, t0)
+                        yield stamp(chunk, stats, t0)
             finally:
                 frames.close()
             stats["finish_reasons"].append(gen.finish_reason)
             if gen.finish_reason == "cancelled":
                 break
-        final = chunker.flush()
-        final.is_final = True
-        final.finish_reason = worst_reason(stats["finish_reasons"])
-        yield _stamp(final, stats, t0, final=True)
+        yield finish(chunker, stats, t0)
+
+    def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
+        """:meth:`stream_text`'s body: contexts from a :class:`~qtts.live.TextFeed` (module doc)."""
+        from .live import AnyCancel, TextFeed, context_limits
+        from .textsource import start_reader
+
+        parts, t0 = self.components, time.perf_counter()
+        feed = source if isinstance(source, TextFeed) else TextFeed(parts.tokenizer)
+        if feed is not source:
+            start_reader(source, feed)
+        cancel = AnyCancel(options.cancel, feed)
+        cap = options.max_frames or min(options.context_frames, int(self.config.generation.max_new_tokens))
+        max_tokens, budget = context_limits(cap, options.max_frames)
+        stream = text_stream(self.config, parts.tokenizer, mode)
+        stats = {"frames": 0, "pieces": 0, "finish_reasons": [], "ttfa_s": None, "feed": feed, "waited_s": 0.0}
+        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
+        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+        try:
+            while (ctx := feed.next_context(stream, parts.backend, max_tokens, budget, cancel)) is not None:
+                prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
+                lp = self._loop_params(cap, options, stats["pieces"], cancel)
+                gen = generate(parts.backend, prompt, lp, speaker=mode.xvector, text=ctx)
+                yield from live_frames(gen, chunker, stats, t0)
+                ctx.end(gen.finish_reason)
+                stats["pieces"] += 1
+                stats["waited_s"] += ctx.waited_s
+                stats["finish_reasons"].append(gen.finish_reason)
+                if gen.finish_reason == "cancelled":
+                    break
+            if cancel.is_set() and "cancelled" not in stats["finish_reasons"]:
+                stats["finish_reasons"].append("cancelled")
+            yield finish(chunker, stats, t0)
+        finally:
+            feed.cancel()  # stops the reader thread (if any) after its piece in flight
 
     def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
         t0 = time.perf_counter()
         stats = {"frames": 0, "ttfa_s": None}
-        chunker = _Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
+        chunker = Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
         for frame in codes:
             stats["frames"] += 1
             chunk = chunker.push(frame)
             if chunk is not None:
-                yield _stamp(chunk, stats, t0)
+                yield stamp(chunk, stats, t0)
         final = chunker.flush()
         final.is_final = True
-        yield _stamp(final, stats, t0, final=True)
-
-
-def _stretched(chunks, speed: float):
-    """``chunks`` time-stretched to ``speed`` as they come (:mod:`qtts.stretch`); 1.0 = as is."""
-    if speed == 1.0:
-        return chunks
-    from .stretch import stretch_chunks
-
-    return stretch_chunks(chunks, speed)
-
-
-def _collect(chunks) -> Audio:
-    """One :class:`Audio` (samples and codes) from a chunk stream."""
-    chunks = list(chunks)
-    last = chunks[-1]
-    samples = np.concatenate([c.samples for c in chunks]).astype(np.float32)
-    codes = np.concatenate([c.codes for c in chunks])
-    return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info), codes=codes)
-
-
-def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> AudioChunk:
-    now = time.perf_counter() - t0
-    if stats["ttfa_s"] is None and len(chunk.samples):
-        stats["ttfa_s"] = now
-    info = {"frames": stats["frames"], "wall_s": now, "ttfa_s": stats["ttfa_s"]}
-    if final:
-        audio_s = stats["frames"] / FRAME_RATE
-        info.update(audio_s=audio_s, rtf=(now / audio_s) if audio_s else None)
-        if "pieces" in stats:
-            info.update(pieces=stats["pieces"], finish_reasons=list(stats["finish_reasons"]))
-    chunk.info = info
-    return chunk
-
-
-class _Chunker:
-    """Groups frames: a first chunk of ``first`` frames, then chunks of ``size`` frames."""
-
-    def __init__(self, vocoder, first: int, size: int):
-        self.vocoder, self.first, self.size = vocoder, first, size
-        self.pending: list[np.ndarray] = []
-        self.start = 0
-        self.emitted = 0
-
-    def push(self, codes: np.ndarray) -> AudioChunk | None:
-        self.pending.append(codes)
-        want = self.first if self.emitted == 0 else self.size
-        return self._emit() if len(self.pending) >= want else None
-
-    def flush(self) -> AudioChunk:
-        return self._emit()
-
-    def _emit(self) -> AudioChunk:
-        n = len(self.pending)
-        codes = np.stack(self.pending).astype(np.int64) if n else np.zeros((0, NUM_CODEBOOKS), dtype=np.int64)
-        if n:
-            samples = np.asarray(self.vocoder.decode(codes), dtype=np.float32)
-        else:
-            samples = np.zeros(0, dtype=np.float32)
-        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n, codes=codes)
-        self.start += n
-        self.emitted += 1
-        self.pending = []
-        return chunk
-
-
-def worst_reason(reasons: list[str | None]) -> str:
-    """One finish reason for several pieces: cancelled > runaway > length > eos."""
-    for r in ("cancelled", "runaway", "length"):
-        if r in reasons:
-            return r
-    return "eos"
-
+        yield stamp(final, stats, t0, final=True)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import os
 import sys
 
 from ..errors import InputError
@@ -46,6 +48,8 @@ def register(sub) -> None:
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     p.add_argument("--codes-out", metavar="FILE", help=CODES_HELP)
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # old flag: output always streams
+    p.add_argument("--live", action="store_true", help="speak the text while it is still arriving (e.g. "
+                   "-f - piped from an LLM): read incrementally, one talker context across sentences")
     _speed_argument(p)
     _sampling_arguments(p)
     _chunk_arguments(p)
@@ -112,6 +116,39 @@ def read_text(args) -> str:
     return args.text
 
 
+def live_pieces(args):
+    """The text as it arrives: chunks of stdin (-f -) or of a file/FIFO, decoded as UTF-8 incrementally."""
+    if args.text is not None:
+        if args.file:
+            raise InputError("give the text either as an argument or with -f, not both")
+        return iter([args.text])
+    if not args.file:
+        raise InputError("--live reads the text with -f FILE or -f - (stdin)")
+    if args.file == "-":
+        return _read_fd(sys.stdin.fileno(), close=False)
+    return _read_fd(_open_text(args.file), close=True)
+
+
+def _read_fd(fd: int, close: bool):
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        while data := os.read(fd, 4096):  # returns what is there, without waiting for more
+            if text := decoder.decode(data):
+                yield text
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+    finally:
+        if close:
+            os.close(fd)
+
+
+def _open_text(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(f"-f {path}: cannot read the text file ({exc})") from exc
+
+
 def build_options(args):
     from ..options import SamplingParams, SynthesisOptions
 
@@ -144,15 +181,19 @@ def run_say(args) -> int:
     from ..api import load
     from ..codes import CODES_SUFFIXES
 
-    text = read_text(args)
+    if args.live and args.non_streaming_text:
+        raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
+                         "drop --non-streaming-text")
+    text = live_pieces(args) if args.live else read_text(args)
     fmt = check_audio(args.output)
     if args.codes_out:
         check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
     options = build_options(args)
     tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
     voice = resolve_voice(tts, args)
-    chunks = tts.stream(text, voice=voice, speaker=args.speaker, instruct=args.instruct,
-                        language=args.language, options=options)
+    speak = tts.stream_text if args.live else tts.stream
+    chunks = speak(text, voice=voice, speaker=args.speaker, instruct=args.instruct, language=args.language,
+                   options=options)
     progress = Progress(args.quiet)
     frames = [] if args.codes_out else None
     last = write_chunks(chunks, args.output, fmt, progress, frames)
