@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from qtts.options import SynthesisOptions
-from qtts.pipeline import chunk_frames_at, run_ahead
+from qtts.chunking import chunk_frames_at
+from qtts.pipeline import run_ahead
 from test_api import VOICE, make_tts
 
 

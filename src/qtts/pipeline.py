@@ -1,10 +1,9 @@
-"""The streaming schedule and the two-thread pipeline behind :meth:`qtts.TTS.stream`.
+"""The two-thread pipeline behind :meth:`qtts.TTS.stream`.
 
-* :func:`chunk_frames_at` / :class:`Chunker`: frames are decoded in chunks whose sizes double
-  from ``first`` up to ``size`` (1, 2, 4, 8, 8, ... for the defaults): a 1-frame first chunk keeps
-  time to first audio low, the doubling builds the listener's buffer, and later chunks are as
-  cheap per frame as the vocoder gets (docs/performance.md). The schedule depends on the frame
-  count only, never on timing, so the audio of a call is the same on every path.
+* :func:`stream_chunks`: frames -> decoded, stamped chunks on the caller's thread, the frames
+  coming from a worker thread (``options.pipeline``) or from the caller's thread itself. The chunk
+  schedule is :class:`qtts.chunking.Chunker`'s (1, 2, 4, 8, 8, ...): it depends on the frame count
+  only, never on timing, so the audio of a call is the same on both paths.
 * :func:`run_ahead`: the two-core pipeline. A worker thread runs the generation (talker +
   predictor) and hands each frame through a bounded queue; the caller's thread decodes chunk
   ``k`` while the worker already generates the frames of chunk ``k + 1``. Only the thread that
@@ -23,51 +22,13 @@ from typing import Any
 import numpy as np
 
 from .audio import AudioChunk
+from .chunking import Chunker, stamp
 
 log = logging.getLogger(__name__)
 
 #: frames the worker may run ahead of the decoder (backpressure: 32 frames = 2.6 s of audio)
 QUEUE_FRAMES = 32
 _ITEM, _DONE, _ERROR = "item", "done", "error"
-
-
-def chunk_frames_at(index: int, first: int, size: int) -> int:
-    """Frames of chunk ``index``: ``first``, then doubling, capped at ``size`` (``first`` if larger)."""
-    if index == 0:
-        return first
-    return min(first * 2 ** min(index, 30), max(size, 1))
-
-
-class Chunker:
-    """Groups frames by :func:`chunk_frames_at` and decodes each chunk with one vocoder stream."""
-
-    def __init__(self, vocoder, first: int, size: int):
-        self.vocoder, self.first, self.size = vocoder, first, size
-        self.pending: list[np.ndarray] = []
-        self.start = 0
-        self.emitted = 0
-
-    def push(self, codes: np.ndarray) -> AudioChunk | None:
-        """Add one frame; the decoded chunk when the schedule's next chunk is complete."""
-        self.pending.append(codes)
-        want = chunk_frames_at(self.emitted, self.first, self.size)
-        return self._emit() if len(self.pending) >= want else None
-
-    def flush(self) -> AudioChunk:
-        """Whatever is pending (possibly nothing) as one chunk: the stream's last."""
-        return self._emit()
-
-    def _emit(self) -> AudioChunk:
-        n = len(self.pending)
-        if n:
-            samples = np.asarray(self.vocoder.decode(np.stack(self.pending)), dtype=np.float32)
-        else:
-            samples = np.zeros(0, dtype=np.float32)
-        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n)
-        self.start += n
-        self.emitted += 1
-        self.pending = []
-        return chunk
 
 
 class AnySet:
@@ -133,3 +94,36 @@ def _work(start, cancel, items: queue.Queue, gate: tuple) -> None:
         outcome = (_ERROR, exc)
     finally:
         items.put(outcome)
+
+
+def stream_chunks(frames: Callable[[Any], Iterator[np.ndarray]], chunker: Chunker, stats: dict, t0: float,
+                  options) -> Iterator[AudioChunk]:  # fmt: skip
+    """``frames(cancel)`` decoded by ``chunker`` into stamped chunks (not the final one).
+
+    With ``options.pipeline`` the frames run ahead on a worker thread (:func:`run_ahead`), held
+    after the first chunk's frames until that chunk is decoded, so the first decode has the
+    cores to itself; else they are generated here, between decodes.
+    """
+    first_decoded = threading.Event()
+    if options.pipeline:
+        source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
+    else:
+        source = frames(options.cancel)
+    try:
+        for codes in source:
+            stats["frames"] += 1
+            chunk = chunker.push(codes)
+            if chunk is not None:
+                first_decoded.set()
+                yield stamp(chunk, stats, t0)
+    finally:
+        source.close()
+
+
+def closing_frames(gen) -> Iterator[np.ndarray]:
+    """A generation's frames; closing this closes the generation (no backend call after it)."""
+    frames = iter(gen)
+    try:
+        yield from frames
+    finally:
+        frames.close()
