@@ -10,8 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from qtts.options import SynthesisOptions
 from qtts.chunking import chunk_frames_at
+from qtts.options import SynthesisOptions
 from qtts.pipeline import run_ahead
 from test_api import VOICE, make_tts
 

@@ -145,8 +145,8 @@ def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
 
 
 def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
-    from .generate import generate
     from .chunking import Chunker
+    from .generate import generate
     from .pipeline import run_ahead
 
     backend = _Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
