@@ -38,7 +38,8 @@ def test_export_writes_one_weight_file_for_both_steps(vocoder_bundle):
 
     with open(os.path.join(vocoder_bundle, "plan.json"), encoding="utf-8") as fh:
         arts = json.load(fh)["vocoder"]["artifacts"]
-    assert arts == {"first": "vocoder.b1.onnx", "main": "vocoder.b8.onnx"}  # the 1-frame first step by default
+    # the 1-frame first step by default
+    assert arts == {"first": "vocoder.b1.onnx", "main": "vocoder.b8.onnx"}
     with open(os.path.join(vocoder_bundle, SHARED_INDEX), encoding="utf-8") as fh:
         index = json.load(fh)
     assert sorted(index["graphs"]) == ["vocoder.b1.onnx", "vocoder.b8.onnx"]
