@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import interleaved, loadavg, report  # noqa: E402
+from _common import interleaved, loadavg, report  # noqa: E402
 
 
 def ort_reduce(arr: np.ndarray, threads: int):

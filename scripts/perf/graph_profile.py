@@ -49,27 +49,31 @@ def profile_session(path: str, threads: int, run_fn, runs: int, extra_cfg: dict 
     return {k: v / n for k, v in per.items()}, {k: v // n for k, v in count.items()}, float(np.median(run_ms))
 
 
-def talker_runner(bundle: str, pos: int):
+def talker_runner(bundle: str, pos: int, hidden: int):
     from qtts.backends.onnx import _KVBinding
 
-    man = json.load(open(os.path.join(bundle, "manifest.json")))
+    man = json.load(open(os.path.join(bundle, "manifest.json"), encoding="utf-8"))
     t = man["graphs"]["talker"]
-    cos = np.load(os.path.join(bundle, "tables/rope_cos.npy"))[:256].copy()
-    sin = np.load(os.path.join(bundle, "tables/rope_sin.npy"))[:256].copy()
-    x = np.random.default_rng(0).standard_normal((1, 1, 1024)).astype(np.float32) * 0.1
+    cos = np.load(os.path.join(bundle, man["runtime_files"]["rope_cos"]), mmap_mode="r")
+    sin = np.load(os.path.join(bundle, man["runtime_files"]["rope_sin"]), mmap_mode="r")
+    kv_len = min(256, len(cos))
+    if pos >= kv_len:
+        raise SystemExit(f"--pos {pos} must be below the KV length {kv_len}")
+    cos, sin = np.ascontiguousarray(cos[:kv_len]), np.ascontiguousarray(sin[:kv_len])
+    x = np.random.default_rng(0).standard_normal((1, 1, hidden)).astype(np.float32) * 0.1
 
     def run(s, state):
         if state is None:
-            state = _KVBinding(s, t["layers"], (1, t["kv_heads"], 256, t["head_dim"]), cos, sin, ["logits", "hidden"])
+            state = _KVBinding(s, t["layers"], (1, t["kv_heads"], kv_len, t["head_dim"]), cos, sin, ["logits", "hidden"])
         state.run(x, pos)
         return state
 
     return run
 
 
-def predictor_runner():
+def predictor_runner(hidden: int):
     rng = np.random.default_rng(0)
-    feeds = {"hidden": rng.standard_normal((1, 1024)).astype(np.float32) * 0.1, "code0": np.array([5]),
+    feeds = {"hidden": rng.standard_normal((1, hidden)).astype(np.float32) * 0.1, "code0": np.array([5]),
              "uniforms": rng.random(15).astype(np.float32), "temperature": np.array([0.9], np.float32),
              "top_k": np.array([50]), "top_p": np.array([1.0], np.float32), "do_sample": np.array([True])}
 
@@ -80,19 +84,29 @@ def predictor_runner():
     return run
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def jobs(args) -> list:
+    """(name, graph path, runner) for the talker step and the fused predictor frame of the bundle."""
+    from qtts.plan import load_plan
+
+    plan = load_plan(os.path.join(args.bundle, "plan.json"))
+    man = json.load(open(os.path.join(args.bundle, "manifest.json"), encoding="utf-8"))
+    if man["graphs"]["predictor"].get("mode") != "frame" and not args.predictor:
+        raise SystemExit(f"{args.bundle}: the predictor is not a fused frame graph; export the bundle with the default "
+                         "predictor mode or pass --predictor FRAME.onnx")
+    hidden = int(np.load(os.path.join(args.bundle, man["runtime_files"]["codec_embedding"]), mmap_mode="r").shape[1])
+    return [("talker step", plan.get("talker").artifacts["main"], talker_runner(args.bundle, args.pos, hidden)),
+            ("predictor frame", args.predictor or plan.get("predictor").artifacts["main"], predictor_runner(hidden))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", default="/work/ckpt/full06-int4")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--pos", type=int, default=40)
     ap.add_argument("--predictor", default=None, help="predictor graph path (default: the bundle's)")
-    args = ap.parse_args()
-    plan = json.load(open(os.path.join(args.bundle, "plan.json")))
-    jobs = [("talker step", os.path.join(args.bundle, plan["talker"]["artifacts"]["main"]), talker_runner(args.bundle, args.pos)),
-            ("predictor frame", args.predictor or os.path.join(args.bundle, plan["code_predictor"]["artifacts"]["main"]),
-             predictor_runner())]
-    for name, path, fn in jobs:
+    args = ap.parse_args(argv)
+    for name, path, fn in jobs(args):
         per, count, run_ms = profile_session(path, args.threads, fn, args.runs)
         total = sum(per.values())
         mm = per.get("MatMulNBits", 0.0)

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from common import interleaved, loadavg, report  # noqa: E402
+from _common import interleaved, loadavg, report  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 SHAPES = [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)]
@@ -48,9 +48,9 @@ def fp32_model(layers: int, seed: int = 0):
 
 
 def quantized(model, bits: int, block: int, level: int):
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
     import copy
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     q = MatMulNBitsQuantizer(copy.deepcopy(model), bits=bits, block_size=block, is_symmetric=True,
                              accuracy_level=level, op_types_to_quantize=("MatMul",))

@@ -1,38 +1,46 @@
 #!/usr/bin/env python3
-"""Per-frame profile of a plan: talker / predictor / vocoder wall and CPU ms, op-type kernel time,
-node counts, weight bytes and effective GB/s.
+"""Per-frame profile of a plan: talker / predictor / vocoder wall and CPU ms, node counts, weight
+bytes and effective GB/s.
 
     PYTHONPATH=src .venv/bin/python scripts/perf/profile_plan.py --model /work/ckpt/full06 \
-        --plan /work/ckpt/full06-int4/plan.json [--threads 2] [--frames 32] [--ort-profile]
+        --plan /work/ckpt/full06-int4/plan.json [--threads 1] [--frames 32] [--repeats 2]
 
-CPU ms (process user+system time while inside the component) is the work done and is far less
-sensitive to the foreign load of this shared VM than wall ms. Weight bytes = the initializers a
-graph reads per call (MatMulNBits packed weights + scales; fp32 MatMul/Gather weights counted
-only where a MatMul reads them).
+The run is serial (one thread of control; the product's pipeline overlaps the vocoder with
+generation, see docs/performance.md) and decodes in the product's chunk schedule
+(``--first-chunk``, then doubling up to ``--chunk``: qtts.chunking.Chunker). CPU ms (process
+user+system time while inside the component) is the work done and is far less sensitive to the
+foreign load of a shared VM than wall ms. Weight bytes = the initializers a graph reads per call
+(MatMulNBits packed weights + scales; fp32 MatMul/Gather weights counted only where a MatMul
+reads them); printed for ONNX talker / predictor entries only. Per-op kernel time of the talker
+step and predictor frame: scripts/perf/graph_profile.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from common import loadavg  # noqa: E402
+from _common import loadavg  # noqa: E402
 
+from qtts.backends import open as open_components  # noqa: E402
 from qtts.bench import BenchOptions, _busy_jiffies, _loop_params, foreign_cores  # noqa: E402
+from qtts.chunking import Chunker  # noqa: E402
 from qtts.generate import generate  # noqa: E402
-from qtts.runtime import Runtime  # noqa: E402
-from qtts.verify import _prompt  # noqa: E402
+from qtts.verify import reference_prompt  # noqa: E402
+
+#: timed method -> the column it is reported in
+COLUMNS = {"talker": "talker", "predict_frame": "predictor", "decode": "vocoder"}
 
 
 class Timed:
+    """Wraps a backend or vocoder stream; accumulates wall and CPU seconds per method name."""
+
     def __init__(self, inner, names):
         self._inner, self._names = inner, names
         self.wall, self.cpu, self.calls = collections.Counter(), collections.Counter(), collections.Counter()
@@ -77,78 +85,74 @@ def weight_bytes(path: str) -> dict:
             "all_initializers": sum(sizes.values())}
 
 
-def ort_profile(sess_factory_path: str, threads: int, feed_fn, runs: int = 8) -> dict:
-    """Op-type kernel ms per run of a session (fresh session with profiling on)."""
-    import onnxruntime as ort
-
-    from qtts.backends.onnx import session_options
-
-    with tempfile.TemporaryDirectory() as tmp:
-        so = session_options(threads)
-        so.enable_profiling, so.profile_file_prefix = True, os.path.join(tmp, "p")
-        s = ort.InferenceSession(sess_factory_path, so, providers=["CPUExecutionProvider"])
-        for _ in range(runs):
-            feed_fn(s)
-        with open(s.end_profiling(), encoding="utf-8") as fh:
-            ev = json.load(fh)
-    per = collections.Counter()
-    n_runs = sum(e.get("name") == "model_run" for e in ev)
-    for e in ev:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            per[e["args"]["op_name"]] += e["dur"] / 1000.0 / n_runs
-    return dict(per)
+def one_run(parts, prompt, speaker, frames: int, opts: BenchOptions) -> dict:
+    """One serial streamed run of ``frames`` frames (EOS blocked); per-method wall/CPU totals."""
+    backend = Timed(parts.backend, ("talker", "predict_frame"))
+    stream = Timed(parts.vocoder.stream(), ("decode",))
+    chunker = Chunker(stream, opts.first_chunk, opts.chunk)
+    lp = _loop_params(parts.config, frames, opts.seed)
+    n = 0
+    j0, c0, t0 = _busy_jiffies(), time.process_time(), time.perf_counter()
+    for codes in generate(backend, prompt, lp, speaker):
+        n += 1
+        chunker.push(codes)
+    chunker.flush()
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"frames": n, "wall": total, "cpu": cpu, "foreign": foreign_cores(j0, _busy_jiffies(), total),
+            "timed": (backend, stream)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="/work/ckpt/full06")
-    ap.add_argument("--plan", default="/work/ckpt/full06-int4/plan.json")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--frames", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--ort-profile", action="store_true")
-    args = ap.parse_args()
-    opts = BenchOptions(threads=args.threads)
-    rt = Runtime.open(args.model, plan=args.plan, threads=args.threads)
-    prompt, speaker = _prompt(rt, opts.text)
-    rows = []
-    for r in range(args.repeats + 1):
-        backend = Timed(rt.backend, ("talker", "predict_frame"))
-        dec = Timed(rt.new_decoder(), ("decode",))
-        lp = _loop_params(rt, args.frames if r else 4, opts.seed)
-        pending, n = [], 0
-        j0, c0, t0 = _busy_jiffies(), time.process_time(), time.perf_counter()
-        for codes in generate(backend, prompt, lp, speaker):
-            pending.append(codes)
-            n += 1
-            if len(pending) >= (2 if n <= 2 else 8):
-                dec.decode(np.asarray(pending))
-                pending = []
-        if pending:
-            dec.decode(np.asarray(pending))
-        total, cpu = time.perf_counter() - t0, time.process_time() - c0
-        if r:
-            rows.append((n, total, cpu, foreign_cores(j0, _busy_jiffies(), total), backend, dec))
-    print(f"{args.plan}: {args.threads} threads, {args.frames} frames, loadavg {loadavg()}")
-    for n, total, cpu, foreign, b, d in rows:
-        parts = [(k, b.wall[k], b.cpu[k]) for k in ("talker", "predict_frame")] + [("vocoder", d.wall["decode"], d.cpu["decode"])]
-        print(f"  run: wall {1000 * total / n:.1f} ms/frame, CPU {1000 * cpu / n:.1f} ms/frame, foreign {foreign:.2f}; "
-              + ", ".join(f"{k} {1000 * w / n:.1f} wall / {1000 * c / n:.1f} CPU" for k, w, c in parts)
-              + f"; prefill {1000 * b.wall['prefill']:.0f} ms")
-    bundle = os.path.dirname(os.path.abspath(args.plan))
-    plan = json.load(open(args.plan))
-    for comp in ("talker", "code_predictor"):
-        path = os.path.join(bundle, plan[comp]["artifacts"]["main"])
-        info = weight_bytes(path)
+def print_run(r: dict) -> None:
+    n = max(r["frames"], 1)
+    backend, stream = r["timed"]
+    cols = []
+    for method, label in COLUMNS.items():
+        src = stream if method == "decode" else backend
+        cols.append(f"{label} {1000 * src.wall[method] / n:.1f} wall / {1000 * src.cpu[method] / n:.1f} CPU")
+    print(f"  run ({r['frames']} frames): wall {1000 * r['wall'] / n:.1f} ms/frame, CPU {1000 * r['cpu'] / n:.1f} ms/frame,"
+          f" foreign {r['foreign']:.2f}; " + ", ".join(cols) + f"; prefill {1000 * backend.wall['prefill']:.0f} ms")
+
+
+def print_weights(parts, rows: list, threads: int) -> None:
+    """Weights each ONNX generation graph reads per frame and the bandwidth that implies."""
+    for comp, method in (("talker", "talker"), ("predictor", "predict_frame")):
+        spec = parts.plan.get(comp)
+        if spec.impl != "onnx":
+            print(f"  {comp}: impl {spec.impl} (weight bytes only for onnx entries)")
+            continue
+        info = weight_bytes(spec.artifacts["main"])
         wb = sum(info["weights"].values())
-        key = "talker" if comp == "talker" else "predict_frame"
-        reads = info["per_call"] / wb  # the fused predictor frame reads its layer weights 15 times
-        per_frame = [1000 * b.cpu[key] / n for n, _, _, _, b, _ in rows]
-        walls = [1000 * b.wall[key] / n for n, _, _, _, b, _ in rows]
         print(f"  {comp}: {info['nodes']} nodes, weights read by matmuls {wb / 1e6:.1f} MB ({info['weights']}),"
               f" all initializers {info['all_initializers'] / 1e6:.1f} MB; ops {info['ops']}")
+        if not wb:
+            continue
+        reads = info["per_call"] / wb  # the fused predictor frame reads its layer weights 15 times
+        per_frame = [1000 * r["timed"][0].cpu[method] / max(r["frames"], 1) for r in rows]
+        walls = [1000 * r["timed"][0].wall[method] / max(r["frames"], 1) for r in rows]
         print(f"    effective: {reads:.1f} x weights per frame -> {reads * wb / 1e6 / np.median(walls):.1f} GB/s (wall),"
-              f" {reads * wb / 1e6 / np.median(per_frame) * args.threads:.1f} GB/s per {args.threads} CPU-s")
+              f" {reads * wb / 1e6 / np.median(per_frame) * threads:.1f} GB/s per {threads} CPU-s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="checkpoint directory")
+    ap.add_argument("--plan", default=None, help="plan.json (default: torch fp32 for every part)")
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every part")
+    ap.add_argument("--frames", type=int, default=32, help="frames per measured run (EOS blocked)")
+    ap.add_argument("--repeats", type=int, default=2, help="measured runs after one 4-frame warm-up")
+    ap.add_argument("--first-chunk", type=int, default=BenchOptions.first_chunk, help="frames of the first chunk")
+    ap.add_argument("--chunk", type=int, default=BenchOptions.chunk, help="largest chunk (frames)")
+    args = ap.parse_args(argv)
+    opts = BenchOptions(threads=args.threads, first_chunk=args.first_chunk, chunk=args.chunk)
+    parts = open_components(args.model, plan=args.plan, threads=args.threads)
+    prompt, speaker = reference_prompt(parts, opts.text)
+    one_run(parts, prompt, speaker, 4, opts)  # warm-up
+    rows = [one_run(parts, prompt, speaker, args.frames, opts) for _ in range(args.repeats)]
+    print(f"{args.plan or 'torch'}: {args.threads} threads, {args.frames} frames, chunks {args.first_chunk}..{args.chunk},"
+          f" loadavg {loadavg()}")
+    for r in rows:
+        print_run(r)
+    print_weights(parts, rows, args.threads)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from common import interleaved, loadavg, report  # noqa: E402
+from _common import interleaved, loadavg, report  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 

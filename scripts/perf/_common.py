@@ -1,4 +1,5 @@
-"""Shared helpers for the perf prototypes: interleaved A/B timing with foreign-load sampling.
+"""Shared helpers of the scripts/perf/ measurements (a module, not a script): interleaved A/B
+timing with foreign-load sampling.
 
 Every script under scripts/perf/ measures variants *interleaved in one process* (the order
 rotates every round), records the CPU used by other processes (/proc/stat minus this process)
@@ -10,7 +11,6 @@ shared 2-core VM drift; the ratios are what the findings quote.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -71,21 +71,3 @@ def loadavg() -> str:
             return fh.read().split()[0]
     except OSError:
         return "?"
-
-
-def set_threads_env(n: int) -> None:
-    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(k, str(n))
-
-
-def wait_quiet(max_foreign: float = 0.1, window_s: float = 1.0, timeout_s: float = 600.0) -> float:
-    """Block until other processes used < ``max_foreign`` cores over ``window_s`` (or timeout);
-    returns the last measured foreign load. Lets long A/B runs sample only the quiet moments of
-    the shared VM."""
-    t_end = time.perf_counter() + timeout_s
-    while True:
-        j0, t0 = _busy_jiffies(), time.perf_counter()
-        time.sleep(window_s)
-        f = foreign_cores(j0, _busy_jiffies(), time.perf_counter() - t0)
-        if f < max_foreign or time.perf_counter() > t_end:
-            return f
