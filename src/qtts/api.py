@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -27,22 +28,33 @@ from .voice import Voice, add_trailing_silence, load_reference_audio
 log = logging.getLogger(__name__)
 
 
-def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None) -> TTS:
+def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
+         max_batch: int = 1) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
 
-    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`).
+    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`). ``max_batch`` > 1:
+    concurrent :meth:`TTS.stream` calls share one batched generation loop (:mod:`qtts.batching`).
     """
     from .backends import open as open_components
 
-    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend))
+    parts = open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, max_batch=max_batch)
+    return TTS(parts)
 
 
 class TTS:
-    """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`."""
+    """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`.
 
-    def __init__(self, components):
+    With ``max_batch`` > 1 (default: ``components.max_batch``) every :meth:`stream` call, from any
+    thread, joins one :class:`~qtts.batching.BatchEngine` that steps all active streams together;
+    each call's vocoder still runs on the calling thread.
+    """
+
+    def __init__(self, components, max_batch: int | None = None):
         self.components = components
         self.config = components.config
+        self.max_batch = int(max_batch or getattr(components, "max_batch", 1) or 1)
+        self._batch = None
+        self._batch_lock = threading.Lock()
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -69,10 +81,30 @@ class TTS:
     def thread_safe(self) -> bool:
         """True when concurrent ``stream()`` calls from several threads are safe on this object.
 
-        Per-call state (talker KV, vocoder state, random generator) lives in each call; the
-        backend decides the rest by declaring ``thread_safe = True`` (the torch backend does).
+        Always with ``max_batch`` > 1 (one engine thread drives the backend). Otherwise per-call
+        state (talker KV, vocoder state, random generator) lives in each call and the backend
+        decides the rest by declaring ``thread_safe = True`` (the torch backend does).
         """
-        return self.components.thread_safe
+        return self.max_batch > 1 or self.components.thread_safe
+
+    @property
+    def batch(self):
+        """The shared :class:`~qtts.batching.BatchEngine` (started on first use), or None when ``max_batch`` is 1."""
+        if self.max_batch <= 1:
+            return None
+        with self._batch_lock:
+            if self._batch is None:
+                from .batching import BatchEngine
+
+                self._batch = BatchEngine(self.components.backend, self.max_batch)
+            return self._batch
+
+    def close(self) -> None:
+        """Stop the batch engine's thread (running streams end 'cancelled'); idempotent."""
+        with self._batch_lock:
+            engine, self._batch = self._batch, None
+        if engine is not None:
+            engine.close()
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,
@@ -144,6 +176,13 @@ class TTS:
             watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
         )  # fmt: skip
 
+    def _generate(self, prompt, params: LoopParams, speaker):
+        """Frames of one prompt: a :class:`~qtts.generate.Generation`, or a stream of the shared batch."""
+        batch = self.batch
+        if batch is None:
+            return generate(self.components.backend, prompt, params, speaker=speaker)
+        return batch.submit(prompt, params, speaker)
+
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
         parts = self.components
         t0 = time.perf_counter()
@@ -154,8 +193,7 @@ class TTS:
         chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
         for index, piece in enumerate(pieces):
             prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
-            gen = generate(parts.backend, prompt, self._loop_params(prompt.text_token_count, options, index),
-                           speaker=mode.xvector)
+            gen = self._generate(prompt, self._loop_params(prompt.text_token_count, options, index), mode.xvector)
             frames = iter(gen)
             try:
                 for codes in frames:

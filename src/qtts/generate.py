@@ -219,13 +219,60 @@ def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: n
     return np.concatenate([[code0], np.asarray(rest, dtype=np.int64)]).astype(np.int64)
 
 
+def text_vector(state: StreamState) -> np.ndarray:
+    """The text vector fed with the latest frame: the next trailing text vector, then <tts_pad>."""
+    step = state.frames - 1
+    return state.trailing[step] if step < len(state.trailing) else state.pad
+
+
+def ready(state: StreamState) -> bool:
+    """True when the stream can take its next talker step (:func:`advance`). Always, for now; with
+    incremental text input a stream waits here for its next text vector, and a scheduler skips
+    it in that batch step."""
+    return True
+
+
 def advance(backend, state: StreamState, codes: np.ndarray) -> None:
     """Feed the frame (+ its trailing text vector, or <tts_pad>) to the talker: one step."""
-    step = state.frames - 1
-    text_vec = state.trailing[step] if step < len(state.trailing) else state.pad
-    x = backend.frame_embeds(codes[None, :])[0] + text_vec
+    x = backend.frame_embeds(codes[None, :])[0] + text_vector(state)
     state.logits, state.hidden, state.kv = backend.talker(x[None, :].astype(np.float32), state.pos, state.kv)
     state.pos += 1
+
+
+# ----------------------------------------------------------------------------- many streams
+def predict_rows(backend, states: list, code0s: list, lps: list, uniforms: list) -> list:
+    """:func:`predict` for several streams in one batched predictor frame (``backend.predict_frames``;
+    a backend without it runs ``predict_frame`` per stream)."""
+    for state, code0 in zip(states, code0s):
+        state.history.append(int(code0))
+    hidden = np.stack([s.hidden for s in states]).astype(np.float32)
+    code0 = np.asarray(code0s, dtype=np.int64)
+    params = [lp.predictor for lp in lps]
+    if hasattr(backend, "predict_frames"):
+        rest = backend.predict_frames(hidden, code0, params, np.stack(uniforms))
+    else:
+        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, params, uniforms)]
+    return [np.concatenate([[c], np.asarray(r, dtype=np.int64)]).astype(np.int64) for c, r in zip(code0, rest)]
+
+
+def advance_rows(backend, states: list, frames: list) -> None:
+    """:func:`advance` for several streams: one batched talker step, each stream at its own position
+    with its own KV state (``backend.talker_rows``; a backend without it steps them one by one)."""
+    if not hasattr(backend, "talker_rows"):
+        for state, codes in zip(states, frames):
+            advance(backend, state, codes)
+        return
+    x = backend.frame_embeds(np.stack(frames)) + np.stack([text_vector(s) for s in states])
+    logits, hidden, kvs = backend.talker_rows(x.astype(np.float32), [s.pos for s in states], [s.kv for s in states])
+    for i, state in enumerate(states):
+        state.logits, state.hidden, state.kv = logits[i], hidden[i], kvs[i]
+        state.pos += 1
+
+
+def release(backend, state: StreamState | None) -> None:
+    """Give the stream's talker state back to the backend (a batched backend reuses its KV rows)."""
+    if state is not None and hasattr(backend, "release"):
+        backend.release(state.kv)
 
 
 class Generation:
@@ -244,8 +291,14 @@ class Generation:
         return self._frames()
 
     def _frames(self) -> Iterator[np.ndarray]:
+        state = prefill(self.backend, self.prompt, self.params, self.speaker)
+        try:
+            yield from self._loop(state)
+        finally:
+            release(self.backend, state)
+
+    def _loop(self, state: StreamState) -> Iterator[np.ndarray]:
         be, lp = self.backend, self.params
-        state = prefill(be, self.prompt, lp, self.speaker)
         while True:
             if lp.cancel is not None and lp.cancel.is_set():
                 self.finish_reason = "cancelled"

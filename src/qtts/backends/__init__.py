@@ -48,6 +48,8 @@ class Components:
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
+    #: streams stepped together by one engine (qtts.batching); 1 = one generation per call, no thread
+    max_batch: int = 1
 
     @property
     def thread_safe(self) -> bool:
@@ -56,12 +58,13 @@ class Components:
 
 
 def open(model: str, plan=None, dtype: str = "float32", threads: int | None = None,  # noqa: A001
-         backend: Backend | None = None) -> Components:
+         backend: Backend | None = None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
     ``plan``: None, a path, a dict or a :class:`~qtts.plan.Plan`; ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
-    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor.
+    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor;
+    ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
     from ..bundle import check_plan_source
     from ..frontend import TextTokenizer
@@ -71,14 +74,16 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     config = ModelConfig.from_dir(snapshot)
     plan = load_plan(plan)
     check_plan_source(plan, snapshot)
-    ctx = Context(snapshot, config, dtype, threads or default_threads(config))
+    if int(max_batch) < 1:
+        raise InputError(f"max_batch must be >= 1, got {max_batch}")
+    ctx = Context(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     return Components(
         config=config, tokenizer=TextTokenizer.from_dir(snapshot),
         backend=backend or _generation(plan, ctx), vocoder=_part("vocoder", plan, ctx),
         speaker_encoder=_part("speaker_encoder", plan, ctx) if clones else None,
         speech_encoder=_part("speech_encoder", plan, ctx) if clones else None,
-        plan=plan, threads=ctx.threads,
+        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch,
     )  # fmt: skip
 
 
