@@ -39,8 +39,20 @@ def voices(config, seed: int = 5) -> list:
     return [xvec, icl]
 
 
-def request(parts, name: str, text: str, max_frames: int, *, voice=None, speaker=None, instruct=None,
-            language=None, seed=None, greedy=True, min_frames: int | None = None) -> Request:
+def request(
+    parts,
+    name: str,
+    text: str,
+    max_frames: int,
+    *,
+    voice=None,
+    speaker=None,
+    instruct=None,
+    language=None,
+    seed=None,
+    greedy=True,
+    min_frames: int | None = None,
+) -> Request:
     config = parts.config
     opts = SynthesisOptions(greedy=greedy, seed=seed).resolve(config.generation)
     mode = resolve_mode(config, voice, speaker, instruct, language)
@@ -73,7 +85,9 @@ class Sink:
         return np.array(self.frames, dtype=np.int64).reshape(-1, 16)
 
 
-def run_batch(backend, schedule: dict, max_batch: int = 4, cancel_at: dict | None = None, max_steps: int = 2000):
+def run_batch(
+    backend, schedule: dict, max_batch: int = 4, cancel_at: dict | None = None, max_steps: int = 2000
+):
     """``schedule``: step index -> requests joining before that step; ``cancel_at``: step -> names to
     close. Returns (name -> Sink, list of StepStats)."""
     stats = []

@@ -151,7 +151,9 @@ class BatchLoop:
         if not picks:
             return 0, []
         try:
-            frames = predict_rows(self.backend, [r.state for r in picks], code0s, [r.params for r in picks], uniforms)
+            frames = predict_rows(
+                self.backend, [r.state for r in picks], code0s, [r.params for r in picks], uniforms
+            )
         except Exception as exc:
             self._fail(picks, exc)
             return 0, []

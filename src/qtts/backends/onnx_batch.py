@@ -117,7 +117,10 @@ class OnnxBatchBackend(OnnxBackend):
         hi = max(s.index for s in states) + 1
         x = np.zeros((hi, 1, self.hidden_size), dtype=np.float32)
         seqlens = np.zeros(hi, dtype=np.int32)
-        for index, row in self.pool.owners.items():  # rows not in this step: a dropped write at their next slot
+        for (
+            index,
+            row,
+        ) in self.pool.owners.items():  # rows not in this step: a dropped write at their next slot
             if index < hi:
                 seqlens[index] = row.next_pos
         for i, (state, pos) in enumerate(zip(states, positions)):
@@ -175,7 +178,9 @@ class OnnxBatchBackend(OnnxBackend):
         return self.predict_frames(np.asarray(hidden, np.float32)[None], np.array([code0]), [params],
                                    np.asarray(uniforms)[None])[0]  # fmt: skip
 
-    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
+    def predict_frames(
+        self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray
+    ) -> np.ndarray:
         """Codes ``[B, 15]``: one graph run per set of sampling params (greedy rows join any run)."""
         groups: dict = {}
         for i, p in enumerate(params):
@@ -201,15 +206,21 @@ class OnnxBatchBackend(OnnxBackend):
 
     def _sampler(self, p) -> tuple:
         top_k = int(p.top_k) if p.top_k else self.vocab
-        return (float(p.temperature or 1.0), min(max(top_k, 1), self.vocab), 1.0 if p.top_p is None else float(p.top_p))
+        return (
+            float(p.temperature or 1.0),
+            min(max(top_k, 1), self.vocab),
+            1.0 if p.top_p is None else float(p.top_p),
+        )
 
 
 def open_batch_generation(talker_spec, predictor_spec, meta: dict, artifacts: dict, threads, max_batch: int):
     """The batched backend when both specs name a ``batch`` artifact (frame-mode predictor), else None."""
     talker_batch, predictor_batch = talker_spec.artifacts.get("batch"), predictor_spec.artifacts.get("batch")
     if not (talker_batch and predictor_batch and meta.get("predictor", {}).get("mode") == "frame"):
-        log.warning("this bundle has no batch graphs (exported before batching, or a step-mode predictor): "
-                    "a batched engine steps its streams one by one; re-export it with `qtts export onnx`")
+        log.warning(
+            "this bundle has no batch graphs (exported before batching, or a step-mode predictor): "
+            "a batched engine steps its streams one by one; re-export it with `qtts export onnx`"
+        )
         return None
     artifacts = dict(artifacts, talker=talker_batch, predictor=predictor_batch)
     return OnnxBatchBackend(artifacts, meta, threads=threads, max_batch=max_batch)

@@ -21,7 +21,15 @@ import os
 import torch
 
 from ..config import PREDICTOR_STEPS
-from .graphs import PredictorFrameGraph, TalkerGraph, _run_layers, kv_names, pick_in_graph, rms_norm, rope_tables
+from .graphs import (
+    PredictorFrameGraph,
+    TalkerGraph,
+    _run_layers,
+    kv_names,
+    pick_in_graph,
+    rms_norm,
+    rope_tables,
+)
 from .write import export_graph
 
 PREDICTOR_INPUTS = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
@@ -65,7 +73,9 @@ def export_talker_batch(talker, path: str) -> dict:
     dyn = {"embeds": {0: "B", 1: "T"}, "seqlens_k": {0: "B"}, "cos_cache": {0: "kv_len"},
            "sin_cache": {0: "kv_len"}, "logits": {0: "B"}, "hidden": {0: "B"}}  # fmt: skip
     dyn.update({name: {0: "B", 2: "kv_len"} for name in inputs[5:] + presents})
-    export_graph(TalkerGraph(talker).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True)
+    export_graph(
+        TalkerGraph(talker).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True
+    )
     return {"inputs": inputs[:5] + [f"past_{{key,value}}_0..{n - 1}"], "outputs": ["logits", "hidden"],
             "kv": ["B", cfg.num_key_value_heads, "kv_len", cfg.head_dim], "layers": n}  # fmt: skip
 
@@ -75,8 +85,16 @@ def export_predictor_batch(talker, path: str) -> dict:
     b, hidden = 2, talker.cfg.hidden_size
     args = (torch.zeros(b, hidden), torch.zeros(b, dtype=torch.int64), torch.zeros(b, PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(b, dtype=torch.bool))  # fmt: skip
-    dyn = {"hidden": {0: "B"}, "code0": {0: "B"}, "uniforms": {0: "B"}, "do_sample": {0: "B"}, "codes": {0: "B"}}
-    export_graph(PredictorFrameBatchGraph(talker).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True)
+    dyn = {
+        "hidden": {0: "B"},
+        "code0": {0: "B"},
+        "uniforms": {0: "B"},
+        "do_sample": {0: "B"},
+        "codes": {0: "B"},
+    }
+    export_graph(
+        PredictorFrameBatchGraph(talker).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
+    )
     return {"inputs": PREDICTOR_INPUTS, "outputs": ["codes"]}
 
 
@@ -89,5 +107,9 @@ def export_batch_graphs(talker, out: str, precision: dict, quantize) -> dict:
             continue
         fname = f"{name}.batch.{precision[name]}.onnx"
         io = export(talker, os.path.join(out, fname))
-        written[name] = {"artifact": fname, "io": io, "quantization": quantize(os.path.join(out, fname), precision[name])}
+        written[name] = {
+            "artifact": fname,
+            "io": io,
+            "quantization": quantize(os.path.join(out, fname), precision[name]),
+        }
     return written
