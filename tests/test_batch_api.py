@@ -1,0 +1,117 @@
+"""TTS with max_batch > 1: stream() from several threads shares one batch and gives each caller the
+audio it gets alone; closing one stream leaves the others alone; nothing is held afterwards."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from batch_util import TEXTS, voices
+from qtts.api import TTS
+from qtts.backends import open as open_parts
+from qtts.options import SynthesisOptions
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_snapshot):
+    import torch
+
+    torch.set_num_threads(1)
+    return open_parts(tiny_snapshot(), threads=1)
+
+
+def _jobs(parts):
+    xv, icl = voices(parts.config)
+    return [
+        (TEXTS[0], xv, SynthesisOptions(greedy=True, max_frames=10)),
+        (TEXTS[1], icl, SynthesisOptions(seed=7, max_frames=14)),
+        (TEXTS[2], xv, SynthesisOptions(seed=8, max_frames=6)),
+        (TEXTS[3], icl, SynthesisOptions(greedy=True, max_frames=9)),
+    ]
+
+
+def _threads(fn, n):
+    out, errors = [None] * n, []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+def test_streams_from_threads_share_the_batch_and_equal_alone(parts):
+    jobs = _jobs(parts)
+    single = TTS(parts)
+    assert single.batch is None
+    ref = [single.synthesize(text, voice=voice, options=opts) for text, voice, opts in jobs]
+    tts = TTS(parts, max_batch=3)
+    assert tts.thread_safe
+    steps = []
+    tts.batch.add_observer(steps.append)
+    try:
+        got = _threads(lambda i: tts.synthesize(jobs[i][0], voice=jobs[i][1], options=jobs[i][2]), len(jobs))
+    finally:
+        tts.close()
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert a.finish_reason == b.finish_reason, i
+        np.testing.assert_array_equal(a.samples, b.samples, err_msg=f"job {i}")
+    assert max(s.rows for s in steps) == 3  # four callers, three rows: they really shared steps
+    assert sum(s.predicted for s in steps) == sum(len(a.samples) for a in ref) // 1920
+
+
+def test_closing_one_stream_leaves_the_others_and_frees_its_row(parts):
+    jobs = _jobs(parts)
+    single = TTS(parts)
+    ref = [single.synthesize(text, voice=voice, options=opts) for text, voice, opts in jobs[:2]]
+    tts = TTS(parts, max_batch=3)
+    stop = threading.Event()
+
+    def consume(i):
+        if i == 2:  # reads its first chunk, then leaves
+            stream = tts.stream(TEXTS[4], voice=jobs[0][1], options=SynthesisOptions(greedy=True, max_frames=40))
+            first = next(stream)
+            stream.close()
+            stop.set()
+            return first
+        return tts.synthesize(jobs[i][0], voice=jobs[i][1], options=jobs[i][2])
+
+    try:
+        got = _threads(consume, 3)
+        assert stop.is_set() and got[2].num_frames == 2
+        for a, b in zip(ref, got[:2]):
+            np.testing.assert_array_equal(a.samples, b.samples)
+        engine = tts.batch
+        for _ in range(200):  # the engine drops the closed stream at its next step
+            if engine.active == 0 and engine.waiting == 0:
+                break
+            threading.Event().wait(0.05)
+        assert engine.active == 0 and engine.waiting == 0
+    finally:
+        tts.close()
+
+
+def test_close_ends_running_streams_and_is_idempotent(parts):
+    tts = TTS(parts, max_batch=2)
+    xv = voices(parts.config)[0]
+    stream = tts.stream(TEXTS[1], voice=xv, options=SynthesisOptions(greedy=True, max_frames=200))
+    first = next(stream)
+    assert first.num_frames == 2
+    tts.close()
+    tts.close()
+    rest = list(stream)
+    assert rest[-1].is_final and rest[-1].finish_reason == "cancelled"
+    # a closed engine is replaced by a fresh one on the next call
+    audio = tts.synthesize(TEXTS[0], voice=xv, options=SynthesisOptions(greedy=True, max_frames=4))
+    assert audio.finish_reason in ("length", "eos")
+    tts.close()
