@@ -13,7 +13,9 @@ One loop of small phase functions, like gpt-fast's ``generate.py``:
 Everything one generation carries between frames is in a :class:`StreamState`, and each phase is
 a function over it (:func:`prefill`, :func:`next_code0`, :func:`stop_reason`, :func:`predict`,
 :func:`advance`), so a scheduler can step several streams itself; :class:`Generation` is the
-one-stream loop over them.
+one-stream loop over them. :func:`predict_rows` / :func:`advance_rows` are the same phases for a
+list of streams (one batched backend call each), :func:`ready` says whether a stream can take its
+next talker step, :func:`release` returns its KV state; :mod:`qtts.batching` drives them.
 
 It stops on EOS (the EOS frame is dropped), on the frame budget (``length``), or when the
 :class:`Watchdog` sees stuck codes (``runaway``). It can never loop forever: every iteration

@@ -105,7 +105,12 @@ def _generation(plan: Plan, ctx: Context) -> Backend:
             f"the plan mixes runtimes for talker and predictor ({', '.join(sorted(impls))}); "
             "use the same impl for both"
         )
-    return _opener(impls.pop(), "generation")(talker, predictor, ctx)
+    impl = impls.pop()
+    if impl == "onnx" and ctx.max_batch > 1:  # a batched engine: the bundle's batch graphs
+        from .onnx_batch import open_generation
+
+        return open_generation(talker, predictor, ctx)
+    return _opener(impl, "generation")(talker, predictor, ctx)
 
 
 def _part(name: str, plan: Plan, ctx: Context):

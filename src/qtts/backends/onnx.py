@@ -263,13 +263,6 @@ def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
     artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
     artifacts.update(talker=talker_spec.artifacts["main"], predictor=predictor_spec.artifacts["main"])
     threads = talker_spec.options.get("threads", ctx.threads)
-    if ctx.max_batch > 1:  # a batched engine runs the batch graphs (qtts.backends.onnx_batch)
-        from .onnx_batch import open_batch_generation
-
-        batched = open_batch_generation(talker_spec, predictor_spec, dict(manifest["graphs"]), artifacts,
-                                        threads, ctx.max_batch)  # fmt: skip
-        if batched is not None:
-            return batched
     return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
 
 

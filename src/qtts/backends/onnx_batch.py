@@ -15,12 +15,15 @@ dropped. Rows are handed out lowest first, so active streams sit together. The c
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
+from ..bundle import read_manifest
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from .onnx import OnnxBackend
+from .onnx import open_generation as open_one_stream
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +216,18 @@ class OnnxBatchBackend(OnnxBackend):
         )
 
 
-def open_batch_generation(talker_spec, predictor_spec, meta: dict, artifacts: dict, threads, max_batch: int):
-    """The batched backend when both specs name a ``batch`` artifact (frame-mode predictor), else None."""
+def open_generation(talker_spec, predictor_spec, ctx):
+    """The generation opener of an onnx plan when ``ctx.max_batch`` > 1: the batch graphs when the
+    bundle has them (frame-mode predictor), else the one-stream backend (streams stepped one by one)."""
     talker_batch, predictor_batch = talker_spec.artifacts.get("batch"), predictor_spec.artifacts.get("batch")
+    bundle = os.path.dirname(talker_spec.artifacts["main"])
+    manifest = read_manifest(bundle)
+    meta = dict(manifest["graphs"])
     if not (talker_batch and predictor_batch and meta.get("predictor", {}).get("mode") == "frame"):
-        log.warning(
-            "this bundle has no batch graphs (exported before batching, or a step-mode predictor): "
-            "a batched engine steps its streams one by one; re-export it with `qtts export onnx`"
-        )
-        return None
-    artifacts = dict(artifacts, talker=talker_batch, predictor=predictor_batch)
-    return OnnxBatchBackend(artifacts, meta, threads=threads, max_batch=max_batch)
+        log.warning("this bundle has no batch graphs (exported before batching, or a step-mode predictor): "
+                    "a batched engine steps its streams one by one; re-export it with `qtts export onnx`")
+        return open_one_stream(talker_spec, predictor_spec, ctx)
+    artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
+    artifacts.update(talker=talker_batch, predictor=predictor_batch)
+    threads = talker_spec.options.get("threads", ctx.threads)
+    return OnnxBatchBackend(artifacts, meta, threads=threads, max_batch=ctx.max_batch)
