@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepStats:
-    """What one step did (observers get one per step that did any work)."""
+    """What one step did (observers get one per step; steps run only while there are streams)."""
 
     rows: int  # streams in the batched talker step
     predicted: int  # streams in the batched predictor frame (= frames produced)
@@ -100,7 +100,7 @@ class BatchLoop:
         rows = self._advance()
         stats = StepStats(rows=rows, predicted=produced, seconds=time.perf_counter() - t0, prefill_s=prefill_s,
                           active=len(self.rows), waiting=len(self._joining), intervals=tuple(intervals))  # fmt: skip
-        if self.observer is not None and (produced or rows or prefill_s):
+        if self.observer is not None:
             try:
                 self.observer(stats)
             except Exception:  # an observer never stops the loop
@@ -261,6 +261,10 @@ class BatchEngine:
     def add_observer(self, fn) -> None:
         """``fn(StepStats)`` after every step, on the engine thread (keep it cheap)."""
         self._observers.append(fn)
+
+    def remove_observer(self, fn) -> None:
+        if fn in self._observers:
+            self._observers.remove(fn)
 
     def submit(self, prompt, params, speaker: np.ndarray | None = None) -> BatchStream:
         """Queue a generation; it joins the batch at the next step with a free row."""
