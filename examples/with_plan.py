@@ -1,7 +1,7 @@
 """Run synthesis through an execution plan (e.g. the ONNX vocoder, or a whole ONNX bundle).
 
-    qtts export vocoder --model MODEL --codes-length 8 -o voc8.onnx
-    qtts export vocoder --model MODEL --codes-length 2 -o voc2.onnx
+    qtts export vocoder --model MODEL --chunk-frames 8 -o voc8.onnx
+    qtts export vocoder --model MODEL --chunk-frames 2 -o voc2.onnx
     python examples/with_plan.py MODEL voc8.onnx voc2.onnx SPEAKER "Text." out.wav
 
 A plan is a dict or a JSON file (``qtts export onnx`` writes BUNDLE/plan.json): qtts.load(MODEL, plan=...).

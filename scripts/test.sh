@@ -10,7 +10,7 @@ fi
 VPY=.venv/bin/python
 $VPY -m pip install -q -U pip wheel
 $VPY -m pip install -q torch==2.13.0            # local CPU wheel on the project machines
-$VPY -m pip install -q -e ".[torch,export,serve,hub,plot,reference,dev,qnn,ray]"
+$VPY -m pip install -q -e ".[torch,export,serve,hub,plot,reference,dev,qnn,peer,ray]"
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
 # gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/official.py).
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1

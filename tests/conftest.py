@@ -14,6 +14,9 @@ Fixtures (session scope; results are cached per argument set)
         (talker hidden == predictor hidden) or "1.7b" (talker wider: ``small_to_mtp_projection``);
         ``real_tokenizer`` copies the real Qwen2 tokenizer files, else a byte-level stand-in
         ``tokenizer.json`` is written. Treat the directory as read-only.
+    ``eos_snapshot(kind="base", layout="0.6b") -> str``
+        Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
+        generation reaches EOS by itself some frames after the text is used up.
     ``official_tts(path) -> qwen_tts.Qwen3TTSModel``
         The official model loaded from ``path`` with ``dtype=torch.float32`` (cached per path).
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
@@ -104,3 +107,24 @@ def official_tts():
         return cache[path]
 
     return load
+
+
+@pytest.fixture(scope="session")
+def eos_snapshot(tmp_path_factory):
+    """``eos_snapshot(kind="base", layout="0.6b") -> str``: a tiny snapshot written with
+    ``natural_eos=True`` (greedy generation reaches EOS by itself some frames after the text is
+    used up; see :func:`qtts._random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
+    from qtts.random_checkpoint import write_random_checkpoint
+
+    cache: dict[tuple, str] = {}
+    root = tmp_path_factory.mktemp("eos-snapshots")
+
+    def make(kind: str = "base", layout: str = "0.6b") -> str:
+        if (kind, layout) not in cache:
+            cache[(kind, layout)] = write_random_checkpoint(
+                str(root / f"{kind}-{layout}"), size="tiny", kind=kind, layout=layout, seed=0,
+                tokenizer_dir=shared_reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
+            )
+        return cache[(kind, layout)]
+
+    return make

@@ -52,7 +52,7 @@ class _FakeStream:
 
     def decode(self, codes):
         codes = np.asarray(codes)
-        self.events.append(("decode", len(codes)))
+        self.events.append(("decode", len(codes), codes.copy()))
         out = []
         for c in codes:
             out.append(np.full(1920, (c[0] % 97) / 97.0 + 0.001 * self.n, np.float32))
@@ -95,8 +95,12 @@ def test_custom_chunking():
 def test_stream_equals_synthesize_and_offline_decode():
     tts, backend = make_tts()
     chunks = list(tts.stream("Hello world.", voice=VOICE, options=OPTS))
-    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
     streamed = np.concatenate([c.samples for c in chunks])
+    fed = [e[2] for e in backend.events if e[0] == "decode"]
+    assert [len(c) for c in fed] == [c.num_frames for c in chunks if c.num_frames]  # one decode per chunk
+    offline = FakeVocoder([]).stream().decode(np.concatenate(fed))  # the same 30 frames in one call, fresh state
+    np.testing.assert_array_equal(streamed, offline)
+    audio = tts.synthesize("Hello world.", voice=VOICE, options=OPTS)
     np.testing.assert_array_equal(streamed, audio.samples)
     assert audio.finish_reason == "length" and audio.duration == pytest.approx(2.4)
 
@@ -170,7 +174,7 @@ def test_icl_primes_vocoder_and_drops_reference_audio():
     tts, backend = make_tts()
     voice = Voice(np.ones(H, np.float32), ref_codes=np.zeros((7, 16), np.int64), ref_text="ref", model_size="0b6")
     chunks = list(tts.stream("Hello world.", voice=voice, options=SynthesisOptions(greedy=True, max_frames=4)))
-    assert backend.events[0] == ("decode", 7)  # primed before generation
+    assert backend.events[0][:2] == ("decode", 7)  # primed before generation
     assert sum(len(c.samples) for c in chunks) == 4 * 1920
 
 

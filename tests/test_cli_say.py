@@ -62,7 +62,7 @@ def test_voice_create_show_and_say_stream(tiny_snapshot, ref_wav, tmp_path, caps
                  "--threads", "1"]) == 0
     assert main(["voice", "show", str(vfile)]) == 0
     shown = capsys.readouterr().out
-    assert "ICL" in shown and "0b6" in shown
+    assert "ICL" in shown and "0.6b" in shown
     out = tmp_path / "stream.wav"
     text = tmp_path / "in.txt"
     text.write_text("First line.\nSecond line.", encoding="utf-8")
@@ -87,6 +87,7 @@ def test_summary_line(tiny_snapshot, ref_wav, tmp_path, capsys):
     err = capsys.readouterr().err
     for key in ("frames=5", "audio=0.40s", "wall=", "rtf=", "ttfa=", "finish_reason="):
         assert key in err
+    assert "\r" not in err and err.splitlines()[-1].startswith("qtts: frames=5")  # stderr is no terminal here
 
 
 @pytest.mark.parametrize(

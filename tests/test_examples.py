@@ -59,7 +59,7 @@ def test_stream_play_example(tiny_snapshot, tmp_path):
 def test_with_plan_example(tiny_snapshot, tmp_path):
     model = tiny_snapshot("custom_voice")
     for b in (8, 2):
-        assert qtts.cli.main(["export", "vocoder", "--model", model, "--codes-length", str(b),
+        assert qtts.cli.main(["export", "vocoder", "--model", model, "--chunk-frames", str(b),
                               "-o", str(tmp_path / f"voc{b}.onnx"), "--frames", "24"]) == 0
     out = tmp_path / "plan.wav"
     stdout = run_example("with_plan.py", model, str(tmp_path / "voc8.onnx"), str(tmp_path / "voc2.onnx"),

@@ -52,3 +52,55 @@ def test_say_with_onnx_plan_and_torch_blocked(tiny_snapshot, tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 0 < int(proc.stdout.strip()) <= 4 * 1920
+
+
+CLONE_BLOCKED = """
+import sys
+sys.modules["torch"] = None  # any 'import torch' now raises ImportError
+import numpy as np
+import qtts
+from qtts.options import SynthesisOptions
+snapshot, plan, wav, out = sys.argv[1:5]
+tts = qtts.load(snapshot, plan=plan, threads=1)
+voice = tts.create_voice(wav, ref_text="What the reference says.")
+voice.save(out + ".voice")
+opts = SynthesisOptions(greedy=True, max_frames=10, watchdog=False, split_sentences=False)
+np.save(out + ".npy", tts.synthesize("Cloned without torch.", voice=voice, language="english", options=opts).samples)
+assert sys.modules["torch"] is None
+"""
+
+
+def test_clone_with_onnx_encoders_and_torch_blocked(tiny_snapshot, tmp_path):
+    """create_voice (ONNX speaker + speech encoders, soxr resampling of a 44.1 kHz stereo file) and an
+    ICL synthesis with torch unimportable: the same voice and the same audio as the torch path."""
+    import numpy as np
+
+    import qtts
+    from parity_e2e import assert_same_audio
+    from qtts.options import SynthesisOptions
+    from qtts.voice import Voice
+
+    snapshot = tiny_snapshot(kind="base")
+    bundle = str(tmp_path / "bundle")
+    assert qtts_main(["export", "onnx", "--model", snapshot, "-o", bundle, "--vocoder-first", "2",
+                      "--vocoder-main", "4"]) == 0  # fmt: skip
+    rng = np.random.default_rng(0)
+    t = np.arange(int(1.5 * 44100)) / 44100
+    stereo = np.stack([0.3 * np.sin(2 * np.pi * (150 + 40 * np.sin(3 * t)) * t) + 0.03 * rng.standard_normal(len(t))
+                       for _ in range(2)], axis=1)  # fmt: skip
+    wav = str(tmp_path / "ref.wav")
+    sf.write(wav, stereo, 44100, subtype="PCM_16")
+    out = str(tmp_path / "blocked")
+    proc = subprocess.run([sys.executable, "-c", CLONE_BLOCKED, snapshot, os.path.join(bundle, "plan.json"), wav, out],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    got = Voice.load(out + ".voice")
+    tts = qtts.load(snapshot, threads=1)
+    ref = tts.create_voice(wav, ref_text="What the reference says.")
+    np.testing.assert_allclose(got.speaker, ref.speaker, atol=1e-5 * float(np.abs(ref.speaker).max()))
+    assert got.ref_codes.shape == ref.ref_codes.shape == (19, 16)  # ceil(1.5 s * 24000 / 1920)
+    np.testing.assert_array_equal(got.ref_codes, ref.ref_codes)
+    opts = SynthesisOptions(greedy=True, max_frames=10, watchdog=False, split_sentences=False)
+    want = tts.synthesize("Cloned without torch.", voice=ref, language="english", options=opts).samples
+    assert_same_audio(np.load(out + ".npy"), want, "torch-blocked ICL clone vs torch")

@@ -94,22 +94,41 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 
 
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
-    """The in-graph sampler picks what qtts.sampling picks for the same uniforms."""
+    """The in-graph sampler of the fused ONNX predictor picks what qtts.sampling picks for the same
+    uniforms: the expected codes come from the torch predictor's logits, step by step, through
+    ``run_predictor_steps`` (qtts.sampling), not from a backend."""
+    import torch
+
     from qtts.backends.base import run_predictor_steps
     from qtts.options import SamplingParams
+    from qtts.weights import load_checkpoint
 
-    ref, test = _backends(snapshot, fp32_bundle)
+    talker = load_checkpoint(snapshot, components=("talker",)).model.talker
+    cp = talker.code_predictor
+    _, test = _backends(snapshot, fp32_bundle)
     rng = np.random.default_rng(3)
     hidden = rng.standard_normal(test.hidden_size).astype(np.float32)
+    state = {}
+
+    @torch.no_grad()
+    def step_logits(j: int, code: int) -> np.ndarray:
+        ids = torch.tensor([[code]])
+        if j == 0:
+            x, pos, state["cache"] = torch.cat([torch.from_numpy(hidden)[None, None], talker.embed_codec(ids)], 1), 0, cp.new_cache(17)
+        else:
+            x, pos = cp.embed(j - 1, ids), j + 1
+        out, state["cache"] = cp(x, pos, state["cache"])
+        return cp.head(j, out[0, -1]).numpy()
+
+    greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     for top_k, top_p in ((50, 1.0), (0, 0.8), (7, 0.5)):
         params = SamplingParams(
             do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
         )
         u = rng.random(15)
-        np.testing.assert_array_equal(
-            ref.predict_frame(hidden, 17, params, u), test.predict_frame(hidden, 17, params, u)
-        )
-    assert callable(run_predictor_steps)
+        want = run_predictor_steps(step_logits, 17, params, u)
+        np.testing.assert_array_equal(test.predict_frame(hidden, 17, params, u), want)
+        assert not np.array_equal(want, run_predictor_steps(step_logits, 17, greedy, u))  # sampling mattered
 
 
 def test_verify_plan_fp32_gates_pass(fp32_bundle, snapshot, tmp_path):

@@ -171,11 +171,12 @@ def test_bf16_matches_official_eager_bf16(tiny_snapshot, layout):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts):
+def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts, record_property):
     """Real 0.6B dimensions (28 layers, head_dim 128, 16/8 heads): same tolerance as the tiny checks.
 
     Writes a full-size random snapshot (~4.3 GB, ~1-2 min) and loads it twice (ours mmapped,
-    official in fp32): needs ~10 GB of RAM. Run with ``pytest -m slow``.
+    official in fp32): needs ~10 GB of RAM. Run with ``pytest -m slow``; the worst error / scale
+    ratio is recorded as the ``worst_rel_err`` property (``--junitxml``; docs/fidelity.md has the last run).
     """
     from qtts.random_checkpoint import write_random_checkpoint
 
@@ -184,4 +185,12 @@ def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts):
     )
     ours = load_checkpoint(path, components=("talker",)).model.talker
     ref = official_tts(path).model.talker
-    _talker_then_predictor(ours, ref, assert_close, steps=3, seed=6, code0=11, code_step=123, what="full-size ")
+    worst = []
+
+    def close(a, b, what):
+        assert_close(a, b, what)
+        worst.append(((a.float() - b.float()).abs().max() / b.float().abs().max()).item())
+
+    _talker_then_predictor(ours, ref, close, steps=3, seed=6, code0=11, code_step=123, what="full-size ")
+    record_property("worst_rel_err", max(worst))
+    record_property("checks", len(worst))

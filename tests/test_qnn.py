@@ -147,7 +147,9 @@ def test_qnn_vocoder_stream_snr(checkpoint, bundle):
     with torch.inference_mode():
         ref = checkpoint.speech_tokenizer.decoder(torch.from_numpy(codes.T[None].copy())).reshape(-1).numpy()
     assert out.shape == ref.shape and np.isfinite(out).all()
-    assert snr_db(ref, out) >= 65.0
+    # fp16 bound: the plain torch decode in fp16 gives 45.8 dB on this vocoder (its audio follows the
+    # codes, activations O(1) through the conv stack); QNN HTP fp16 measured 45.5 dB
+    assert snr_db(ref, out) >= 40.0
 
 
 def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
@@ -158,7 +160,7 @@ def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
     assert report["gated"] is False and report["passed"] is None  # fp16 plans are reported, not gated
     assert report["code0_top1_agreement"] == 1.0  # the talker is the reference torch talker
     assert report["codebooks_1_15_agreement"] >= 0.9
-    assert report["vocoder_snr_db"] >= 65.0
+    assert report["vocoder_snr_db"] >= 40.0  # fp16 (see test_qnn_speech_decoder_stream_snr)
 
 
 def test_soundfile_still_writes_after_a_qnn_session(tmp_path):

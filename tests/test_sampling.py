@@ -1,7 +1,8 @@
-"""Sampling: equality with Hugging Face's own logits processors, and distribution checks."""
+"""Sampling: equality with the logits processors the official ``generate`` builds, and distribution checks."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 
@@ -17,29 +18,88 @@ EOS = 2150
 RULES = sampling.talker_rules()
 
 
-def hf_process(logits, params, history, rules):
-    """The processor list HF generate builds for the official talker call, applied to one row."""
-    import torch
-    from transformers.generation import logits_process as lp
+TALKER_CALL = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1)
+PREDICTOR_CALL = dict(subtalker_dosample=True, subtalker_temperature=0.8, subtalker_top_k=30, subtalker_top_p=0.95)
 
-    procs = []
-    if params.repetition_penalty != 1.0:
-        procs.append(lp.RepetitionPenaltyLogitsProcessor(penalty=float(params.repetition_penalty)))
-    if rules is not None:
-        procs.append(lp.MinNewTokensLengthLogitsProcessor(0, rules.min_new_tokens, torch.tensor([rules.eos_id])))
-        procs.append(lp.SuppressTokensLogitsProcessor(list(rules.suppress_ids)))
-    if params.do_sample:
-        if params.temperature != 1.0:
-            procs.append(lp.TemperatureLogitsWarper(float(params.temperature)))
-        if params.top_k:
-            procs.append(lp.TopKLogitsWarper(top_k=int(params.top_k), min_tokens_to_keep=1))
-        if params.top_p < 1.0:
-            procs.append(lp.TopPLogitsWarper(top_p=float(params.top_p), min_tokens_to_keep=1))
+
+@pytest.fixture(scope="module")
+def official_builds(tiny_snapshot, official_tts):
+    """The logits processors the official ``generate`` builds, intercepted during a real call.
+
+    ``{"talker": (model, kwargs, processors), "predictor": (...)}``: transformers'
+    ``GenerationMixin._get_logits_processor`` is wrapped while the official wrapper generates
+    3 frames with distinct talker and sub-talker parameters; ``kwargs`` are its arguments, so
+    :func:`official_processors` can ask the same builder for other parameter values.
+    """
+    import torch
+    from transformers.generation.utils import GenerationMixin
+
+    w = official_tts(tiny_snapshot(kind="custom_voice"))
+    calls, orig = [], GenerationMixin._get_logits_processor
+
+    def spy(self, *args, **kwargs):
+        assert not args, "transformers now passes positional arguments; update the replay"
+        out = orig(self, **kwargs)
+        calls.append((self, kwargs, out))
+        return out
+
+    GenerationMixin._get_logits_processor = spy
+    try:
+        with torch.no_grad():
+            w.generate_custom_voice(text="Hi there.", speaker="ryan", language="english", max_new_tokens=3,
+                                    **TALKER_CALL, **PREDICTOR_CALL)  # fmt: skip
+    finally:
+        GenerationMixin._get_logits_processor = orig
+    talker = [c for c in calls if c[0] is w.model.talker]
+    predictor = [c for c in calls if c[0] is w.model.talker.code_predictor]
+    assert len(talker) == 1 and len(predictor) >= 2 and len(calls) == len(talker) + len(predictor)
+    return {"talker": talker[0], "predictor": predictor[0]}
+
+
+def official_processors(build, params: SamplingParams):
+    """The processor list the official builder makes for ``params`` (same call, other values)."""
+    model, kwargs, _ = build
+    config = copy.deepcopy(kwargs["generation_config"])
+    config.do_sample = bool(params.do_sample)
+    config.temperature, config.top_k, config.top_p = params.temperature, params.top_k, params.top_p
+    config.repetition_penalty = params.repetition_penalty
+    return model._get_logits_processor(**{**kwargs, "generation_config": config})
+
+
+def apply(processors, logits, history) -> np.ndarray:
+    import torch
+
     ids = torch.tensor([list(history)], dtype=torch.long).reshape(1, -1)
     scores = torch.from_numpy(np.array(logits, dtype=np.float32))[None]
-    for p in procs:
+    for p in processors:
         scores = p(ids, scores)
     return scores[0].numpy()
+
+
+@pytest.mark.parity
+def test_official_generate_builds_what_we_apply(official_builds):
+    """The lists built in the real call: talker = penalty, EOS blocked twice (transformers derives
+    ``min_length = min_new_tokens + 0`` from the official ``min_new_tokens=2``, so both processors
+    block EOS for steps 0 and 1), suppression, then warpers; predictor = warpers only. Ours equals
+    them on random logits and histories."""
+    names = {k: [type(p).__name__ for p in v[2]] for k, v in official_builds.items()}
+    assert names["talker"] == ["RepetitionPenaltyLogitsProcessor", "MinLengthLogitsProcessor",
+                               "MinNewTokensLengthLogitsProcessor",
+                               "SuppressTokensLogitsProcessor", "TemperatureLogitsWarper", "TopKLogitsWarper",
+                               "TopPLogitsWarper"], names  # fmt: skip
+    assert names["predictor"] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"], names
+    talker = SamplingParams(True, 0.7, 20, 0.9, 1.1)
+    predictor = SamplingParams(True, 0.8, 30, 0.95, 1.0)
+    rng = np.random.default_rng(3)
+    for step in range(6):
+        history = rng.integers(0, 2048, size=step).tolist()
+        logits = (rng.standard_normal(3072) * 3).astype(np.float32)
+        logits[EOS] = logits.max() + 1.0  # EOS on top: blocked at steps 0 and 1 only
+        want = apply(official_builds["talker"][2], logits, history)
+        np.testing.assert_array_equal(sampling.process_logits(logits, talker, history, RULES), want)
+        logits = (rng.standard_normal(2048) * 3).astype(np.float32)
+        want = apply(official_builds["predictor"][2], logits, history)
+        np.testing.assert_array_equal(sampling.process_logits(logits, predictor, history), want)
 
 
 GRID = list(itertools.product(
@@ -52,24 +112,25 @@ GRID = list(itertools.product(
 
 @pytest.mark.parity
 @pytest.mark.parametrize("talker", [True, False])
-def test_equals_hf_processors(talker):
+def test_equals_official_processors_on_a_grid(talker, official_builds):
+    """Every grid point, sampled and greedy: the official builder's list (asked with those values)
+    vs ours. The predictor gets no penalty from the official code, so its grid keeps 1.0."""
+    build = official_builds["talker" if talker else "predictor"]
     rng = np.random.default_rng(0 if talker else 1)
     vocab = 3072 if talker else 2048
     for n, (pen, temp, k, p) in enumerate(GRID[::2] if talker else GRID[1::2]):  # all of GRID, once
-        params = SamplingParams(True, temp, k, p, pen)
+        params = SamplingParams(True, temp, k, p, pen if talker else 1.0)
         logits = (rng.standard_normal(vocab) * 3).astype(np.float32)
         if p == 1.0:  # ties (top-k keeps them all); top-p tie order is torch's unstable sort, not tested
             logits[rng.integers(0, vocab, 8)] = logits.max()
         history = rng.integers(0, 2048, size=n % 7).tolist() * 2  # repeated ids count once
         rules = RULES if talker else None
-        ours = sampling.process_logits(logits, params, history, rules)
-        want = hf_process(logits, params, history, rules)
-        np.testing.assert_array_equal(ours, want, err_msg=f"{params} history={history}")
-        greedy = dataclasses.replace(params, do_sample=False)
-        g = sampling.process_logits(logits, greedy, history, rules)
-        want_g = hf_process(logits, greedy, history, rules)
-        np.testing.assert_array_equal(g, want_g)
-        assert sampling.choose(g, False) == int(np.argmax(want_g))
+        for p_ in (params, dataclasses.replace(params, do_sample=False)):
+            want = apply(official_processors(build, p_), logits, history)
+            ours = sampling.process_logits(logits, p_, history, rules)
+            np.testing.assert_array_equal(ours, want, err_msg=f"{p_} history={history}")
+            if not p_.do_sample:
+                assert sampling.choose(ours, False) == int(np.argmax(want))
 
 
 def test_penalty_semantics_and_input_untouched():

@@ -122,7 +122,7 @@ def test_torch_vocoder_streams_exactly(tiny):
     assert snr_db(ref, out) >= 100.0
     dec.reset()
     again = feed(dec, codes[:40], [40])
-    assert np.array_equal(again, out[: 40 * 1920]) or snr_db(out[: 40 * 1920], again) > 120
+    assert np.array_equal(again, out[: 40 * 1920]) or snr_db(out[: 40 * 1920], again) > 110
     other = voc.stream()  # streams share the built steps, not their state
     assert np.array_equal(feed(other, codes[:40], [40]), again)
 

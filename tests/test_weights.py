@@ -128,7 +128,7 @@ def test_offline_hub_miss_says_how_to_get_files(tmp_path, monkeypatch):
     with pytest.raises(InputError) as info:
         resolve_snapshot(HUB_ID)
     msg = str(info.value)
-    assert HUB_ID in msg and f"huggingface-cli download {HUB_ID}" in msg and "HF_HUB_OFFLINE" in msg
+    assert HUB_ID in msg and f"hf download {HUB_ID}" in msg and "HF_HUB_OFFLINE" in msg
 
 
 def test_missing_local_dir_is_input_error(tmp_path):

@@ -130,7 +130,7 @@ class TTS:
         return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
-        """Synthesize and write a 16-bit WAV atomically."""
+        """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
         audio = self.synthesize(text, **kwargs)
         audio.save(path)
         return audio

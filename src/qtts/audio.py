@@ -1,21 +1,27 @@
 """Audio containers and writers.
 
 :class:`AudioChunk` is the unit that :meth:`qtts.TTS.stream` yields; :class:`Audio` is a whole
-utterance. WAV output is written through :class:`WavWriter`, which streams PCM to disk and
-patches the header sizes at the end; files are written to a temporary name and renamed, so a
-failed run never leaves a half-written file at the target path.
+utterance. Files are written through :class:`AudioWriter` in the format of the extension (WAV
+streams 16-bit PCM to disk and patches the header sizes at the end; flac/mp3/opus go through
+libsndfile); files are written to a temporary name and renamed, so a failed run never leaves a
+half-written file at the target path.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import SAMPLE_RATE
+from .errors import InputError
+from .files import temp_beside
+
+#: file formats by extension: 16-bit WAV, raw 16-bit PCM, and libsndfile's encoders
+AUDIO_FORMATS = ("wav", "flac", "mp3", "opus", "pcm")
+_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 
 
 def float_to_int16(samples: np.ndarray) -> np.ndarray:
@@ -65,7 +71,8 @@ class Audio:
         return len(self.samples) / float(self.sample_rate)
 
     def save(self, path: str) -> None:
-        write_wav(path, self.samples, self.sample_rate)
+        """Write atomically in the format of the extension (.wav, .flac, .mp3, .opus, .pcm)."""
+        write_audio(path, self.samples, self.sample_rate)
 
 
 def _wav_header(sample_rate: int, data_bytes: int, channels: int = 1) -> bytes:
@@ -88,40 +95,62 @@ def wav_header_streaming(sample_rate: int = SAMPLE_RATE) -> bytes:
     return bytes(hdr)
 
 
-class WavWriter:
-    """Write 16-bit mono WAV progressively; valid header written on close; atomic rename.
+class AudioWriter:
+    """Write mono audio progressively: 16-bit WAV or raw PCM, or flac/mp3/opus through libsndfile.
 
-    Use as a context manager. If the block raises, the temporary file is removed and the
-    target path is left untouched.
+    ``fmt`` defaults to the file extension (:func:`format_from_path`). The audio goes to a
+    temporary file beside ``path`` (created with the umask's permissions) that is renamed on
+    :meth:`close`. Use as a context manager: if the block raises, the temporary file is removed
+    and the target path is left untouched.
     """
 
-    def __init__(self, path: str, sample_rate: int = SAMPLE_RATE):
-        self.path = path
-        self.sample_rate = sample_rate
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, self._tmp = tempfile.mkstemp(prefix=".qtts-", suffix=".wav.part", dir=directory)
-        self._fh = os.fdopen(fd, "wb")
-        self._fh.write(_wav_header(sample_rate, 0))
+    def __init__(self, path: str, sample_rate: int = SAMPLE_RATE, fmt: str | None = None):
+        self.path, self.sample_rate = path, sample_rate
+        self.fmt = fmt or format_from_path(path)
+        if self.fmt not in AUDIO_FORMATS:
+            raise InputError(f"unknown audio format '{self.fmt}'; use one of {', '.join(AUDIO_FORMATS)}")
+        self._tmp = temp_beside(path, f".{self.fmt}.part")
         self._data_bytes = 0
+        self._sf = self._fh = None
+        try:
+            if self.fmt in _SOUNDFILE:
+                import soundfile
+
+                container, subtype = _SOUNDFILE[self.fmt]
+                self._sf = soundfile.SoundFile(self._tmp, "w", samplerate=sample_rate, channels=1,
+                                               format=container, subtype=subtype)
+            else:
+                self._fh = open(self._tmp, "wb")
+                self._fh.write(_wav_header(sample_rate, 0) if self.fmt == "wav" else b"")
+        except BaseException:
+            os.unlink(self._tmp)
+            raise
 
     def write(self, samples: np.ndarray) -> None:
+        if self._sf is not None:
+            self._sf.write(np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0))
+            return
         data = float_to_int16(samples).tobytes()
         self._fh.write(data)
         self._fh.flush()
         self._data_bytes += len(data)
 
     def close(self) -> None:
-        self._fh.seek(0)
-        self._fh.write(_wav_header(self.sample_rate, self._data_bytes))
-        self._fh.close()
+        if self._sf is not None:
+            self._sf.close()
+        else:
+            if self.fmt == "wav":
+                self._fh.seek(0)
+                self._fh.write(_wav_header(self.sample_rate, self._data_bytes))
+            self._fh.close()
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        self._fh.close()
+        (self._sf if self._sf is not None else self._fh).close()
         if os.path.exists(self._tmp):
             os.unlink(self._tmp)
 
-    def __enter__(self) -> WavWriter:
+    def __enter__(self) -> AudioWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -131,10 +160,31 @@ class WavWriter:
             self.abort()
 
 
+class WavWriter(AudioWriter):
+    """16-bit mono WAV whatever the file name says."""
+
+    def __init__(self, path: str, sample_rate: int = SAMPLE_RATE):
+        super().__init__(path, sample_rate, "wav")
+
+
+def format_from_path(path: str) -> str:
+    """'out.mp3' -> 'mp3'; an InputError naming the valid extensions for anything else."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in AUDIO_FORMATS:
+        valid = ", ".join("." + f for f in AUDIO_FORMATS)
+        raise InputError(f"{path}: cannot tell the audio format from the file name; end it in one of {valid}")
+    return ext
+
+
+def write_audio(path: str, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str | None = None) -> None:
+    """Write a whole mono float signal atomically, in ``fmt`` or the format of the extension."""
+    with AudioWriter(path, sample_rate, fmt) as w:
+        w.write(samples)
+
+
 def write_wav(path: str, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
     """Write a whole mono float signal as 16-bit WAV, atomically."""
-    with WavWriter(path, sample_rate) as w:
-        w.write(samples)
+    write_audio(path, samples, sample_rate, "wav")
 
 
 def snr_db(reference: np.ndarray, test: np.ndarray) -> float:

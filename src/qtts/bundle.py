@@ -19,6 +19,7 @@ import os
 import struct
 
 from .errors import InputError
+from .files import atomic_path
 from .plan import renamed
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,9 @@ def read_manifest(bundle: str) -> dict:
 
 def write_json(path: str, data: dict) -> None:
     """Sorted, indented JSON written to a temporary name, then renamed."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_path(path, ".json.part") as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, sort_keys=True)
         fh.write("\n")
-    os.replace(tmp, path)
 
 
 def _hash_safetensors(h, path: str) -> None:

@@ -6,8 +6,8 @@ samples, STFT without centering and a periodic Hann window, magnitude ``sqrt(re^
 a Slaney-scale / Slaney-normalized mel filterbank (librosa's default, computed here), then
 ``log(max(mel, 1e-5))``. Frames = (N + 768 - 1024) // 256 + 1.
 
-:func:`resample` is a Kaiser-windowed sinc polyphase resampler (numpy only). The official wrapper uses
-``librosa.resample`` (soxr 'HQ'); see docs/encoders.md for the measured difference.
+:func:`resample` is ``librosa.resample``'s default path (soxr 'HQ', then librosa's length rule) without
+librosa: the samples equal the official wrapper's bit for bit.
 """
 
 from __future__ import annotations
@@ -84,47 +84,25 @@ def log_mel(wav_24k: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(mel, _LOG_FLOOR)).astype(np.float32)
 
 
-def _kaiser_sinc_table(up: int, down: int, zeros: int, rolloff: float, beta: float):
-    """Polyphase table ``[up, taps]``: phase p holds the filter at input offsets for output phase p."""
-    cutoff = rolloff * min(1.0, up / down)  # in units of the input Nyquist
-    half = int(math.ceil(zeros / cutoff))  # half-width in input samples
-    offsets = np.arange(-half + 1, half + 1, dtype=np.float64)  # input index - floor(position)
-    frac = np.arange(up, dtype=np.float64) / up  # fractional part of the position per phase
-    t = offsets[None, :] - frac[:, None]  # [up, taps], distance in input samples
-    window = np.i0(beta * np.sqrt(np.clip(1.0 - (t / half) ** 2, 0.0, 1.0))) / np.i0(beta)
-    table = cutoff * np.sinc(cutoff * t) * window
-    return table, half
+def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
+    """Resample a mono waveform exactly as the official wrapper does; returns float32.
 
-
-def resample(
-    wav: np.ndarray, sr_in: int, sr_out: int, *, zeros: int = 64, rolloff: float = 0.957, beta: float = 9.0
-) -> np.ndarray:
-    """Band-limited resampling of a mono float waveform; output length as librosa: ``ceil(N * (sr_out / sr_in))``.
-
-    Kaiser-windowed sinc (``zeros`` zero crossings each side, passband edge ``rolloff`` of the lower
-    Nyquist), evaluated exactly at each output instant ``n * sr_in / sr_out`` via a polyphase table;
-    zero signal outside the input. Returns float32.
+    qwen-tts 0.1.1 calls ``librosa.resample(y, orig_sr=sr, target_sr=24000)``, whose default is
+    ``soxr.resample(y, sr, 24000, quality="soxr_hq")`` followed by ``fix_length`` to
+    ``ceil(N * sr_out / sr_in)`` samples (zero padded or cut at the end). This is that call
+    without librosa (soxr is a core dependency: ~0.5 MB, numpy only), so reference audio at any
+    rate gives the official samples bit for bit, hence the same speaker vector and ICL codes.
     """
-    x = np.asarray(wav, dtype=np.float32).reshape(-1)
+    import soxr
+
+    x = np.ascontiguousarray(np.asarray(wav, dtype=np.float32).reshape(-1))
     sr_in, sr_out = int(sr_in), int(sr_out)
     if sr_in <= 0 or sr_out <= 0:
         raise InputError(f"sample rates must be positive integers, got {sr_in} -> {sr_out}")
     if sr_in == sr_out:
         return x.copy()
-    g = math.gcd(sr_in, sr_out)
-    up, down = sr_out // g, sr_in // g
-    # librosa's length rule (float ratio, so 44100 Hz x 1 s -> 24001 samples), for drop-in equality
-    n_out = int(math.ceil(x.shape[0] * (sr_out / sr_in)))
-    table, half = _kaiser_sinc_table(up, down, zeros, rolloff, beta)
-    taps = table.shape[1]
-    padded = np.concatenate(
-        [np.zeros(half, np.float64), x.astype(np.float64), np.zeros(half + 1, np.float64)]
-    )
-    out = np.empty(n_out, dtype=np.float64)
-    chunk = max(1, (1 << 20) // taps)
-    for start in range(0, n_out, chunk):
-        stop = min(n_out, start + chunk)
-        base, phase = np.divmod(np.arange(start, stop, dtype=np.int64) * down, up)  # pos = base + phase/up
-        idx = base[:, None] + np.arange(taps)[None, :] + 1  # padded index of offsets -half+1 .. half
-        out[start:stop] = np.einsum("ij,ij->i", padded[idx], table[phase])
-    return out.astype(np.float32)
+    y = np.asarray(soxr.resample(x, sr_in, sr_out, quality="soxr_hq"), dtype=np.float32)
+    n_out = int(math.ceil(x.shape[0] * (float(sr_out) / sr_in)))  # librosa's length rule (float ratio)
+    if y.shape[0] >= n_out:
+        return np.ascontiguousarray(y[:n_out])
+    return np.concatenate([y, np.zeros(n_out - y.shape[0], dtype=np.float32)])

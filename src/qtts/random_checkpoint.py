@@ -7,16 +7,21 @@
     speech_tokenizer/{config.json, model.safetensors, preprocessor_config.json, configuration.json}
 
 Configs start from the real published ones (embedded under ``qtts/data/configs``). ``full``
-keeps every real dimension; ``tiny`` shrinks widths and layers but keeps every id, the codec
+keeps every real dimension; ``mid`` keeps every real width (hidden sizes, head_dim 128, mrope
+sections, speaker encoder, Mimi encoder and vocoder convs) with only 2 talker layers, 1 predictor
+layer and 2 layers per codec transformer (0.6b ~2.3 GB, 1.7b ~3.0 GB fp32, most of it the real
+151936 x 2048 text embedding); ``tiny`` shrinks widths and layers but keeps every id, the codec
 vocab (3072), the predictor vocab (2048), the 16 code groups, the text vocab (151936) and the
 1920-sample frame. The tiny 1.7b layout has talker hidden != predictor hidden, so
-``small_to_mtp_projection`` exists, like the real 1.7B.
+``small_to_mtp_projection`` exists, like the real 1.7B. ``natural_eos`` wires an EOS clock into
+the talker so greedy generation stops by itself (see :func:`qtts._random_weights.eos_clock_edits`).
 
 Weights are random but non-degenerate: norm weights 1 + N(0, 0.1) (so parity tests see
 a missing or misplaced norm weight), norm biases N(0, 0.02), LayerScale at its configured init,
 ConvNeXt gamma 0.01, SnakeBeta log-params N(0, 0.1), codebooks ``embedding_sum``/``embed_sum``
 N(0,1) with ``cluster_usage`` U(0.5, 1.5) and ``initialized`` 1, everything else N(0, std)
-with std 0.05 (tiny) or 0.02 (full). Tensors are generated one at a time and streamed to disk,
+with std 0.05 (tiny) or 0.02 (mid, full); fan-in scaled weights in the speech-tokenizer encoder and
+decoder, so codes and audio vary with their inputs. Tensors are generated one at a time and streamed to disk,
 so a full 0.6B snapshot needs little more memory than its largest tensor.
 """
 
@@ -27,14 +32,14 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 
 from .config import ModelConfig, SpeechTokenizerConfig
 from .errors import InputError
+from .files import temp_dir_beside
 
 log = logging.getLogger(__name__)
 
-SIZES = ("tiny", "full")
+SIZES = ("tiny", "mid", "full")
 KINDS = ("base", "custom_voice", "voice_design")
 LAYOUTS = ("0.6b", "1.7b")
 DTYPES = ("float32", "bfloat16")
@@ -54,6 +59,10 @@ _COPIED = (
     "configuration.json",
 )
 _ST_COPIED = ("preprocessor_config.json", "configuration.json")
+# "mid": layers per stack (talker / code predictor / codec transformers). Two talker layers so a
+# layer's output feeds another layer's cache; one predictor layer (its 15 heads and embeddings
+# dominate its size); the codec transformers are 512 wide and cheap.
+MID_TALKER_LAYERS, MID_PREDICTOR_LAYERS, MID_CODEC_LAYERS = 2, 1, 2
 
 
 def real_config_dir(name: str) -> str:
@@ -98,10 +107,21 @@ def _shrink_stack(cfg: dict, hidden: int) -> None:
         cfg["layer_types"] = ["full_attention"] * 2
 
 
+def _few_layers(cfg: dict, n: int) -> None:
+    """Keep every dimension of a stack, only ``n`` layers."""
+    cfg["num_hidden_layers"] = n
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][:n]
+
+
 def model_config_dict(size: str, kind: str, layout: str) -> dict:
     """The ``config.json`` dict of a random snapshot."""
     cfg = _load_json(os.path.join(real_config_dir(real_name(kind, layout)), "config.json"))
     if size == "full":
+        return cfg
+    if size == "mid":  # every real width (head_dim 128, mrope [24,20,20], speaker encoder), few layers
+        _few_layers(cfg["talker_config"], MID_TALKER_LAYERS)
+        _few_layers(cfg["talker_config"]["code_predictor_config"], MID_PREDICTOR_LAYERS)
         return cfg
     if size != "tiny":
         raise InputError(f"unknown size '{size}'; use one of {', '.join(SIZES)}")
@@ -139,6 +159,10 @@ def speech_tokenizer_config_dict(size: str) -> dict:
         os.path.join(real_config_dir(_REAL_NAMES[("base", "0.6b")]), "speech_tokenizer", "config.json")
     )
     if size == "full":
+        return cfg
+    if size == "mid":  # real widths; the conv stacks (SEANet, vocoder) are whole, transformers shortened
+        _few_layers(cfg["decoder_config"], MID_CODEC_LAYERS)
+        _few_layers(cfg["encoder_config"], MID_CODEC_LAYERS)
         return cfg
     dec = cfg["decoder_config"]
     dec.update(
@@ -178,6 +202,7 @@ def write_random_checkpoint(
     tokenizer_dir: str | None = None,
     dtype: str = "float32",
     overwrite: bool = False,
+    natural_eos: bool = False,
 ) -> str:
     """Write a complete random snapshot to ``out`` (a new or empty directory); returns its path."""
     if dtype not in DTYPES:
@@ -187,15 +212,14 @@ def write_random_checkpoint(
     name = real_name(kind, layout)
     out = os.path.abspath(out)
     if os.path.exists(out) and os.listdir(out) and not overwrite:
-        raise InputError(f"{out} exists and is not empty; choose a new directory or pass --overwrite")
+        raise InputError(f"{out} exists and is not empty; choose a new directory or pass --force")
     if tokenizer_dir is not None:
         _check_tokenizer_dir(tokenizer_dir)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".qtts-random-", dir=parent)
+    tmp = temp_dir_beside(out, ".random.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
-        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos)
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -205,7 +229,7 @@ def write_random_checkpoint(
     return out
 
 
-def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype) -> None:
+def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos) -> None:
     from . import _random_weights as rw
 
     real = real_config_dir(name)
@@ -227,10 +251,11 @@ def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype) -> Non
 
         write_standin_tokenizer(tmp, _load_json(os.path.join(real, "tokenizer_config.json")))
 
-    std = 0.02 if size == "full" else 0.05
+    std = 0.05 if size == "tiny" else 0.02
     model_cfg = ModelConfig.from_dict(copy.deepcopy(cfg_dict))
     specs = rw.main_specs(model_cfg)
-    rw.write_safetensors(os.path.join(tmp, "model.safetensors"), specs, seed, std, dtype, {})
+    edits = rw.eos_clock_edits(model_cfg, std) if natural_eos else None
+    rw.write_safetensors(os.path.join(tmp, "model.safetensors"), specs, seed, std, dtype, {}, edits)
     st_cfg = SpeechTokenizerConfig.from_file(os.path.join(st_dir, "config.json"))
     specs = rw.speech_tokenizer_specs(st_cfg)
     scale_init = {

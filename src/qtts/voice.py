@@ -19,13 +19,13 @@ import datetime as _dt
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import CODEBOOK_SIZE, FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
 from .errors import InputError
+from .files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Voice:
             )
 
     def save(self, path: str) -> None:
-        """Write the voice atomically (temp file in the target directory, then rename)."""
+        """Write the voice atomically (temp file in the target directory, then rename; umask honoured)."""
         from safetensors.numpy import save_file
 
         tensors = {"speaker": self.speaker}
@@ -112,15 +112,8 @@ class Voice:
         }
         if self.ref_text:
             meta["ref_text"] = self.ref_text
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".qtts-", suffix=".voice.part", dir=directory)
-        os.close(fd)
-        try:
+        with atomic_path(path, ".voice.part") as tmp:
             save_file(tensors, tmp, metadata=meta)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str) -> Voice:

@@ -125,8 +125,9 @@ def resolve_snapshot(path_or_hub_id: str, revision: str | None = None) -> str:
     except LocalEntryNotFoundError:
         pass
     how = (
-        f"download it with `huggingface-cli download {path} --local-dir DIR` on a machine with network "
-        "access and pass DIR (or copy the Hugging Face cache here)"
+        f"download it into the cache with `hf download {path}` (the Hugging Face CLI, pip install "
+        f"'huggingface_hub>=0.34'); without network here, run `hf download {path} --local-dir DIR` "
+        "on a machine that has it, copy DIR here and pass DIR as the model"
     )
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise InputError(f"{path}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}")

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections import Counter
 
 import numpy as np
 
 from ..backends.step import StepVocoder
 from ..errors import require
+from ..files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,8 @@ def _lower(module, args, out: str) -> dict:
     )
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".pte.tmp", dir=os.path.dirname(out))
-    with os.fdopen(fd, "wb") as fh:
+    with atomic_path(out, ".pte.part") as tmp, open(tmp, "wb") as fh:
         fh.write(edge.to_executorch().buffer)
-    os.replace(tmp, out)
     return {"path": out, "bytes": os.path.getsize(out), "delegate_calls": nodes["delegated"],
             "portable_ops": nodes["portable"]}  # fmt: skip
 

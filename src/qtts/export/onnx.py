@@ -24,6 +24,7 @@ import numpy as np
 from ..bundle import MANIFEST, PLAN, source_info, write_json
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
+from ..files import temp_dir_beside
 from ..plan import COMPONENTS
 from .quantize import DEFAULT_BLOCK_SIZE
 from .write import OPSET, export_graph
@@ -277,15 +278,15 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions, overwrite: bool
     """
     from ..weights import resolve_snapshot
 
-    snapshot = resolve_snapshot(model_dir)
     out = os.path.abspath(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a directory; choose another -o")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise InputError(f"{out}: the bundle directory exists and is not empty; pass --force to replace it")
+    snapshot = resolve_snapshot(model_dir)  # after the output checks: a refusal costs no model lookup
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+    tmp = temp_dir_beside(out, ".bundle.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
         plan = _build(snapshot, tmp, out, opts)
         _swap(tmp, out)

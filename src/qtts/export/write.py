@@ -19,6 +19,7 @@ import tempfile
 import warnings
 
 from ..errors import InputError, require
+from ..files import publish, temp_beside
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def save_model(model, path: str) -> None:
         for fname in (name, name + ".data"):
             src = os.path.join(tmp, fname)
             if os.path.exists(src):
-                os.replace(src, os.path.join(directory, fname))
+                publish(src, os.path.join(directory, fname))  # umask, not the writer's 0600
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -85,8 +86,7 @@ def export_single_file(module, args: tuple, out: str, inputs: list, outputs: lis
     onnx = require("onnx", "export", "ONNX export")
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=os.path.dirname(out))
-    os.close(fd)
+    tmp = temp_beside(out, ".onnx.tmp")  # mode 0666 & ~umask, unlike mkstemp's 0600
     try:
         _torch_export(module, args, tmp, inputs, outputs)
         model = onnx.load(tmp)

@@ -2,49 +2,44 @@
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import logging
-import threading
 
 from ..errors import InputError
-
-COMMAND = ("serve",)
-HELP = "serve an OpenAI-compatible streaming speech API over HTTP (POST /v1/audio/speech)"
+from .common import add_model, command, number
 
 log = logging.getLogger(__name__)
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, help="snapshot directory or hub id")
-    p.add_argument("--plan", help="execution plan JSON (runtimes per component)")
-    p.add_argument("--dtype", default="float32", help="torch dtype of the weights (default float32)")
+def register(sub) -> None:
+    p = command(sub, "serve", run, "serve an OpenAI-compatible streaming speech API over HTTP "
+                "(POST /v1/audio/speech)")
+    add_model(p, threads="CPU threads for each engine's math (intra-op; default: cores / K)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--voices", metavar="DIR", help="directory for uploaded voices (POST /v1/voices); "
+    p.add_argument("--port", type=number(lo=0, hi=65535), default=8000, help="TCP port (default 8000)")
+    p.add_argument("--voices", metavar="DIR", help="folder for uploaded voices (POST /v1/voices); "
                    "without it uploads are disabled")
-    p.add_argument("--max-concurrency", type=int, default=1, metavar="K",
+    p.add_argument("--max-concurrency", type=number(lo=1), default=1, metavar="K",
                    help="generations at once; loads K engine copies (K x model memory), default 1")
-    p.add_argument("--max-queue", type=int, default=8, metavar="Q",
+    p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
                    help="requests waiting for a worker before 429 (default 8)")
-    p.add_argument("--max-input-chars", type=int, default=4096, help="longest 'input' text (default 4096)")
-    p.add_argument("--max-frames", type=int, default=2048,
+    p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
+    p.add_argument("--max-frames", type=number(lo=1), default=2048,
                    help="frame cap per request, 12.5 frames/s (default 2048 = 164 s)")
-    p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload (default 10 MB)")
-    p.add_argument("--chunk-frames", type=int, help="frames per streamed chunk after the first (default 8)")
-    p.add_argument("--threads", type=int, help="torch threads per engine (default: cores / K)")
+    p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
+                   help="largest voice upload (default 10 MB)")
+    p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
     p.add_argument("--default-format", default="wav", help="response_format when a request names none")
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
                    help="seconds a connection has to send its request headers (default 10)")
-    p.add_argument("--body-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
                    help="seconds a request has to send its whole body (default 60)")
-    p.add_argument("--write-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--write-timeout", type=number(float, above=0), default=60.0, metavar="S",
                    help="seconds a client may read nothing of a response before it is aborted (default 60)")
-    p.add_argument("--max-connections", type=int, default=256,
+    p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
                    help="open connections at most; more get 503 (default 256)")
-
 
 def _settings(args):
     from ..server.settings import ServerSettings
@@ -88,7 +83,19 @@ def _check_host(host: str) -> None:
         log.warning("qtts: listening on %s: the API has no authentication; put it behind a proxy", host)
 
 
+def _access_log() -> None:
+    access = logging.getLogger("qtts.server.access")
+    handler = logging.StreamHandler()  # stderr, one JSON object per line
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
+
+
 def run(args) -> int:
+    import importlib.util
+    import threading
+
     from ..errors import require
 
     require("fastapi", "serve", "qtts serve")
@@ -100,15 +107,9 @@ def run(args) -> int:
 
     _check_host(args.host)
     settings = _settings(args)
-    access = logging.getLogger("qtts.server.access")
-    handler = logging.StreamHandler()  # stderr, one JSON object per line
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access.addHandler(handler)
-    access.setLevel(logging.INFO)
-    access.propagate = False
+    _access_log()
     app = create_app(None, settings)
-    state = app.state.qtts
-    threading.Thread(target=_load_engines, args=(args, state), name="qtts-load", daemon=True).start()
+    threading.Thread(target=_load_engines, args=(args, app.state.qtts), name="qtts-load", daemon=True).start()
     print(f"qtts: serving on http://{args.host}:{args.port} (GET /health turns 200 when the model is loaded)")
     serve_forever(app, args.host, args.port)
     return 0

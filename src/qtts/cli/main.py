@@ -1,0 +1,190 @@
+"""``qtts``: the parser, ``main(argv)``, and the first-run commands ``demo`` and ``random-checkpoint``.
+
+Exit codes: 0 success, 2 usage/input errors (:class:`~qtts.errors.InputError`), 1 runtime failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from ..errors import InputError, QttsError
+from .common import Parser, check_audio, check_folder, cli_words, command, hidden_alias, number
+from .export import register as register_export
+from .say import register as register_say
+from .serve import register as register_serve
+
+START = """\
+start here:
+  qtts demo                 the whole pipeline on a tiny random checkpoint (no download): demo.wav
+  qtts say "Hello." -m Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker vivian -o hello.wav
+  qtts COMMAND --help       the flags of one command
+"""
+SENTENCE = "Hello from qtts. This sentence went through every stage of the pipeline."
+REAL_COMMAND = 'qtts say "Hello" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base --ref-audio me.wav -o out.wav'
+
+
+def build_parser() -> Parser:
+    from .. import __version__
+
+    parser = Parser(prog="qtts", usage="qtts COMMAND [options]", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Fast, streaming Qwen3-TTS inference and edge export.\n\n" + START)
+    parser.add_argument("--version", action="version", version=f"qtts {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", prog="qtts")
+    _register_demo(sub)
+    register_say(sub)
+    register_serve(sub)
+    register_export(sub)
+    _register_random_checkpoint(sub)
+    return parser
+
+
+#: exit code when the reader of stdout goes away (``qtts say -o - | head -c 100``): 128 + SIGPIPE,
+#: what a shell reports for any program stopped by a closed pipe
+BROKEN_PIPE = 141
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader closed the pipe: stop quietly, no traceback
+        _stdout_to_devnull()
+        return BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness: nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not hasattr(args, "_run"):  # `qtts` or `qtts export` alone
+        getattr(args, "_group", parser).print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except InputError as exc:
+        print(f"qtts: error: {cli_words(str(exc))}", file=sys.stderr)
+        return 2
+    except QttsError as exc:
+        print(f"qtts: failed: {cli_words(str(exc))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("qtts: interrupted", file=sys.stderr)
+        return 130
+
+
+def _register_demo(sub) -> None:
+    p = command(sub, "demo", run_demo, "run the whole pipeline on a tiny random-weight checkpoint "
+                "(no download) and write demo.wav")
+    p.add_argument("-o", "--output", default="demo.wav", help="output audio file (default: ./demo.wav)")
+    p.add_argument("--tokenizer", help="a folder with the real Qwen2 vocab.json + merges.txt (default: stand-in)")
+    p.add_argument("--text", default=SENTENCE, help="the sentence to synthesize")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=number(lo=1), default=1, help="CPU threads (default 1: fastest for the tiny model)")
+
+
+def reference_audio(seconds: float = 3.0, seed: int = 0):
+    """A synthetic 'voice': a vibrato tone with harmonics and noise (24 kHz)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(24000 * seconds)) / 24000.0
+    phase = 2 * np.pi * np.cumsum(140.0 + 15.0 * np.sin(2 * np.pi * 4.0 * t)) / 24000.0
+    wav = sum(np.sin(k * phase) / k for k in range(1, 6)) * 0.2 + 0.01 * rng.standard_normal(len(t))
+    return wav.astype(np.float32)
+
+
+def run_demo(args) -> int:
+    import tempfile
+
+    from .. import load
+    from ..audio import AudioWriter
+    from ..options import SynthesisOptions
+    from ..random_checkpoint import write_random_checkpoint
+
+    if args.output == "-":
+        raise InputError("-o -: the demo writes a file; give a file name such as demo.wav")
+    fmt = check_audio(args.output)
+    print("qtts demo: tiny RANDOM weights -> the output is noise, not speech.")
+    t = [time.perf_counter()]
+
+    def done(what: str) -> None:
+        t.append(time.perf_counter())
+        print(f"  {what:<44} {t[-1] - t[-2]:6.2f} s")
+
+    with tempfile.TemporaryDirectory(prefix="qtts-demo-") as tmp:
+        snap = write_random_checkpoint(os.path.join(tmp, "tiny-base"), size="tiny", kind="base",
+                                       seed=args.seed, tokenizer_dir=args.tokenizer)
+        done("write tiny random checkpoint")
+        tts = load(snap, threads=args.threads)
+        done("load (config, tokenizer, torch backend)")
+        voice = tts.create_voice((reference_audio(seed=args.seed), 24000), ref_text="A synthetic reference.")
+        done(f"create voice (x-vector + {len(voice.ref_codes)} ICL frames)")
+        chunks = tts.stream(args.text, voice=voice, options=SynthesisOptions(seed=args.seed, max_frames=40))
+        n = 0
+        with AudioWriter(args.output, fmt=fmt) as w:
+            for last in chunks:
+                w.write(last.samples)
+                n += 1
+        done(f"synthesize streaming ({n} chunks)")
+    i = last.info
+    print(f"  frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s rtf={i['rtf']:.2f} "
+          f"ttfa={i['ttfa_s']:.2f}s finish_reason={last.finish_reason}")
+    print(f"wrote {args.output}")
+    print(f"Random weights make noise, not speech. For real speech use a real checkpoint:\n  {REAL_COMMAND}")
+    return 0
+
+
+def _register_random_checkpoint(sub) -> None:
+    from ..random_checkpoint import DTYPES, KINDS, LAYOUTS, SIZES
+
+    p = command(sub, "random-checkpoint", run_random_checkpoint, "write a random-weight Qwen3-TTS snapshot "
+                "(real layout and ids) for tests and benchmarks")
+    p.add_argument("output", metavar="OUT", nargs="?", help="output folder (new or empty; or -o OUT)")
+    p.add_argument("-o", "--output", dest="output_opt", metavar="OUT", help=argparse.SUPPRESS)
+    p.add_argument("--size", choices=SIZES, default="tiny", help="tiny: shrunk widths (tests); mid: real widths, 1-2 layers (parity); full: real size (benchmarks)")
+    p.add_argument("--kind", choices=KINDS, default="base", help="checkpoint kind (default: base)")
+    p.add_argument("--layout", choices=LAYOUTS, default="0.6b", help="0.6b or 1.7b layout (default: 0.6b)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="copy the real Qwen2 vocab.json + merges.txt from DIR (default: a byte-level stand-in)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weight dtype (default: float32)")
+    p.add_argument("--natural-eos", action="store_true",
+                   help="bias the talker so greedy generation stops by itself after the text (EOS parity tests)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it is not empty")
+    hidden_alias(p, "--overwrite", dest="force", action="store_true")
+
+
+def run_random_checkpoint(args) -> int:
+    from ..random_checkpoint import write_random_checkpoint
+
+    if not (args.output or args.output_opt) or (args.output and args.output_opt):
+        raise InputError("give one output folder: qtts random-checkpoint OUT (or -o OUT)")
+    check_folder(args.output or args.output_opt, "OUT", force=args.force)
+    t0 = time.perf_counter()
+    out = write_random_checkpoint(args.output or args.output_opt, size=args.size, kind=args.kind, layout=args.layout,
+                                  seed=args.seed, tokenizer_dir=args.tokenizer, dtype=args.dtype,
+                                  natural_eos=args.natural_eos, overwrite=args.force)
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
+    print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}) to {out}: "
+          f"{total / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
+    print("random weights: the audio follows the codes, but it is noise, not speech")
+    return 0
