@@ -115,3 +115,29 @@ def test_close_ends_running_streams_and_is_idempotent(parts):
     audio = tts.synthesize(TEXTS[0], voice=xv, options=SynthesisOptions(greedy=True, max_frames=4))
     assert audio.finish_reason in ("length", "eos")
     tts.close()
+
+
+def test_bench_concurrency_cli(tiny_snapshot, tmp_path, capsys):
+    """`qtts bench --concurrency`: one batched engine and K engines per level, one table, a JSON file."""
+    import json
+
+    from qtts.cli import main
+
+    out = tmp_path / "conc.json"
+    assert main(["bench", "-m", tiny_snapshot(), "--concurrency", "1,2", "--frames", "4", "--repeats", "1",
+                 "--threads", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| torch fp32 | 2 | 1 batched engine |" in text and "| torch fp32 | 2 | 2 engine(s) |" in text
+    rows = json.loads(out.read_text())["concurrency"]
+    assert {(r["streams"], r["mode"]) for r in rows} == {(1, "batched"), (1, "engines"), (2, "batched"),
+                                                          (2, "engines")}  # fmt: skip
+    for r in rows:
+        assert r["aggregate"] > 0 and len(r["ttfa_s"]) == r["streams"] and r["ttfa_p95"] >= r["ttfa_p50"] > 0
+
+
+@pytest.mark.parametrize("levels", ["0", "1,x", "", "1,65"])
+def test_bench_concurrency_refuses_bad_levels(levels, capsys):
+    from qtts.cli import main
+
+    assert main(["bench", "-m", "M", "--concurrency", levels]) == 2
+    assert "argument --concurrency" in capsys.readouterr().err

@@ -171,11 +171,13 @@ def _merge_repeats(rows: list) -> list:
         if "skipped" in r:
             merged[key] = r
             continue
-        m = merged.setdefault(key, {**r, "aggregates": []})
+        if key not in merged:
+            merged[key] = {**r, "aggregates": [r["aggregate"]]}
+            continue
+        m = merged[key]
         m["aggregates"].append(r["aggregate"])
-        if m is not r:
-            for name in ("rtf", "ttfa_s", "wall_s", "foreign_cores"):
-                m[name] = m[name] + r[name]
+        for name in ("rtf", "ttfa_s", "wall_s", "foreign_cores"):
+            m[name] = m[name] + r[name]
     out = []
     for m in merged.values():
         if "skipped" not in m:
