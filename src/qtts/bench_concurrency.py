@@ -144,7 +144,13 @@ def bench_concurrency(model: str, plan, opts: ConcurrencyOptions, label: str | N
     for k in levels:
         engines = _engines(model, plan, k, opts, one_mb) if opts.engines else None
         for _ in range(opts.repeats):
-            rows.append(_summary(label, k, "batched", run_round([batched], k, opts)))
+            steps: list = []
+            observe = steps.append
+            batched.batch.add_observer(observe)
+            try:
+                rows.append(_summary(label, k, "batched", run_round([batched], k, opts), steps))
+            finally:
+                batched.batch.remove_observer(observe)
             if engines is not None:
                 rows.append(_summary(label, k, "engines", run_round(engines, k, opts)))
         if opts.engines and engines is None:
@@ -154,13 +160,17 @@ def bench_concurrency(model: str, plan, opts: ConcurrencyOptions, label: str | N
     return _merge_repeats(rows)
 
 
-def _summary(label, k: int, mode: str, rnd: dict) -> dict:
+def _summary(label, k: int, mode: str, rnd: dict, steps: list | None = None) -> dict:
     streams = rnd["streams"]
     ttfa = [s["ttfa_s"] for s in streams if s["ttfa_s"] is not None]
     audio = sum(s["audio_s"] for s in streams)
-    return {"label": label, "streams": k, "mode": mode, "aggregate": audio / rnd["wall_s"],
-            "rtf": [s["wall_s"] / max(s["audio_s"], 1e-9) for s in streams], "ttfa_s": ttfa,
-            "wall_s": [rnd["wall_s"]], "foreign_cores": [rnd["foreign_cores"]]}  # fmt: skip
+    out = {"label": label, "streams": k, "mode": mode, "aggregate": audio / rnd["wall_s"],
+           "rtf": [s["wall_s"] / max(s["audio_s"], 1e-9) for s in streams], "ttfa_s": ttfa,
+           "wall_s": [rnd["wall_s"]], "foreign_cores": [rnd["foreign_cores"]]}  # fmt: skip
+    if steps:  # the batched engine's steps: full-batch step time, and the prefills that joined
+        full = [s.seconds for s in steps if s.rows == k and not s.prefill_s]
+        out.update(step_s=full, prefill_s=[s.prefill_s for s in steps if s.prefill_s])
+    return out
 
 
 def _merge_repeats(rows: list) -> list:
@@ -176,14 +186,16 @@ def _merge_repeats(rows: list) -> list:
             continue
         m = merged[key]
         m["aggregates"].append(r["aggregate"])
-        for name in ("rtf", "ttfa_s", "wall_s", "foreign_cores"):
-            m[name] = m[name] + r[name]
+        for name in ("rtf", "ttfa_s", "wall_s", "foreign_cores", "step_s", "prefill_s"):
+            if name in r:
+                m[name] = m[name] + r[name]
     out = []
     for m in merged.values():
         if "skipped" not in m:
             m = dict(m, aggregate=float(np.median(m["aggregates"])), rtf_p50=_pct(m["rtf"], 50),
                      ttfa_p50=_pct(m["ttfa_s"], 50), ttfa_p95=_pct(m["ttfa_s"], 95),
-                     foreign=float(np.median(m["foreign_cores"])))  # fmt: skip
+                     foreign=float(np.median(m["foreign_cores"])), step_p50=_pct(m.get("step_s", []), 50),
+                     prefill_max=max(m.get("prefill_s") or [0.0]))  # fmt: skip
         out.append(m)
     return out
 
@@ -195,17 +207,20 @@ def _pct(values: list, q: float) -> float | None:
 def table_markdown(rows: list) -> str:
     """The concurrency table: per level, batched vs K engines and their throughput ratio."""
     lines = ["| plan | streams | engine | aggregate audio s/s | ratio vs K engines | per-stream RTF p50 "
-             "| TTFA p50 s | TTFA p95 s | foreign load (cores) |", "|" + "---|" * 9]  # fmt: skip
+             "| TTFA p50 s | TTFA p95 s | step s p50 / prefill s max | foreign load (cores) |",
+             "|" + "---|" * 10]  # fmt: skip
     by = {(r["label"], r["streams"], r["mode"]): r for r in rows}
     for r in rows:
         name = "1 batched engine" if r["mode"] == "batched" else f"{r['streams']} engine(s)"
         if "skipped" in r:
-            lines.append(f"| {r['label']} | {r['streams']} | {name} | skipped ({r['skipped']}) | | | | | |")
+            lines.append(f"| {r['label']} | {r['streams']} | {name} | skipped ({r['skipped']}) | | | | | | |")
             continue
         other = by.get((r["label"], r["streams"], "engines"))
         ratio = ""
         if r["mode"] == "batched" and other is not None and "skipped" not in other:
             ratio = f"{r['aggregate'] / other['aggregate']:.2f}x"
+        steps = f"{r['step_p50']:.2f} / {r['prefill_max']:.2f}" if r.get("step_p50") is not None else ""
         lines.append(f"| {r['label']} | {r['streams']} | {name} | {r['aggregate']:.2f} | {ratio} | "
-                     f"{r['rtf_p50']:.2f} | {r['ttfa_p50']:.2f} | {r['ttfa_p95']:.2f} | {r['foreign']:.2f} |")  # fmt: skip
+                     f"{r['rtf_p50']:.2f} | {r['ttfa_p50']:.2f} | {r['ttfa_p95']:.2f} | {steps} | "
+                     f"{r['foreign']:.2f} |")  # fmt: skip
     return "\n".join(lines)
