@@ -10,7 +10,16 @@ fi
 VPY=.venv/bin/python
 $VPY -m pip install -q -U pip wheel
 $VPY -m pip install -q torch==2.13.0            # local CPU wheel on the project machines
-$VPY -m pip install -q -e ".[torch,export,serve,hub,plot,reference,dev,qnn,peer,ray]"
+$VPY -m pip install -q -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer,ray]"
+# The web-page test drives Debian's Chromium through Playwright (never 'playwright install').
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "scripts/test.sh: chromium is missing and cannot be installed here (needs root + apt-get);" \
+         "install Debian's 'chromium' package, or tests/test_web_page.py fails" >&2
+  fi
+fi
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
 # gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/official.py).
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1

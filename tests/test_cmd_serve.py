@@ -58,6 +58,7 @@ def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
     # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as a service manager expects)
     assert proc.returncode in (0, -signal.SIGTERM), err[-2000:]
     assert f"serving on http://127.0.0.1:{port}" in out
+    assert f"web page: http://127.0.0.1:{port}/" in out
     access = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     speech = [a for a in access if a["route"] == "/v1/audio/speech"]
     assert speech and speech[0]["status"] == 200 and speech[0]["frames"] == 4

@@ -47,14 +47,12 @@ CASES += [(label, GenerationMode.POSITIVE) for label in NO_INPUTS]
 
 def _speakable(case):
     """Positive speech cases: keep the fuzzed text and sampling fields, but use a real speaker and
-    the fields this checkpoint accepts, so the audio path runs too (voice/speed/language errors
-    are covered by tests/test_server.py)."""
+    the fields this checkpoint accepts, so the audio path runs too (voice/language errors are
+    covered by tests/test_server.py)."""
     if isinstance(case.body, dict):
         case.body["voice"] = "vivian"
         for key in ("language", "instruct", "instructions"):
             case.body.pop(key, None)
-        if "speed" in case.body:
-            case.body["speed"] = 1.0
         if isinstance(case.body.get("max_frames"), int):
             case.body["max_frames"] = min(case.body["max_frames"], 2)
     return case

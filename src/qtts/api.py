@@ -120,7 +120,12 @@ class TTS:
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        return self._stream(pieces, mode, options)
+        chunks = self._stream(pieces, mode, options)
+        if options.speed != 1.0:
+            from .stretch import stretch_chunks
+
+            chunks = stretch_chunks(chunks, options.speed)
+        return chunks
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`)."""

@@ -19,6 +19,8 @@ from .errors import InputError
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 #: repetition-penalty bounds (1 = off), for the same float32 reasons
 MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+#: speaking-rate bounds (OpenAI's ``speed`` range; qtts.stretch time-stretches the audio)
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,9 @@ class SynthesisOptions:
     max_sentence_chars: int = 200
     # Seconds of silence appended to the ICL reference audio: stops reference-audio bleed.
     trailing_silence: float = 0.0
+    # Speaking rate (0.25-4.0; 2.0 = twice as fast): a pitch-preserving time stretch of the audio
+    # (qtts.stretch, streaming WSOLA); the model itself has no rate control. 1.0 = untouched.
+    speed: float = 1.0
     # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
     watchdog: bool = True
     # Cross-thread cancellation: an object with is_set() (threading.Event); checked before
@@ -164,6 +169,8 @@ class SynthesisOptions:
             raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
         if not 0.0 <= self.trailing_silence <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
+        if not _within(self.speed, MIN_SPEED, MAX_SPEED):
+            raise InputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}] (1.0 = unchanged), got {self.speed}")
 
     def resolve(self, generation_config=None) -> SynthesisOptions:
         """A copy whose talker/predictor params are concrete (greedy applied)."""

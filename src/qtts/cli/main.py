@@ -16,11 +16,14 @@ from .common import Parser, check_audio, check_folder, cli_words, command, hidde
 from .export import register as register_export
 from .say import register as register_say
 from .serve import register as register_serve
+from .wyoming import register as register_wyoming
 
 START = """\
 start here:
   qtts demo                 the whole pipeline on a tiny random checkpoint (no download): demo.wav
   qtts say "Hello." -m Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker vivian -o hello.wav
+  qtts serve -m Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice    OpenAI-compatible API at http://127.0.0.1:8000/v1
+  then open http://127.0.0.1:8000/                      the web page: type, pick a voice, play as it generates
   qtts COMMAND --help       the flags of one command
 """
 SENTENCE = "Hello from qtts. This sentence went through every stage of the pipeline."
@@ -38,6 +41,7 @@ def build_parser() -> Parser:
     _register_demo(sub)
     register_say(sub)
     register_serve(sub)
+    register_wyoming(sub)
     register_export(sub)
     _register_random_checkpoint(sub)
     return parser

@@ -39,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the format "
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # old flag: output always streams
+    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0, metavar="S",
+                   help="speaking rate 0.25-4.0, pitch kept (a time stretch while streaming; default 1.0)")
     _sampling_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
 
@@ -101,6 +103,7 @@ def build_options(args):
         talker=talker, seed=args.seed, greedy=args.greedy, max_frames=args.max_frames,
         non_streaming_text=args.non_streaming_text, split_sentences=not args.no_split,
         watchdog=not args.no_watchdog, first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
+        speed=args.speed,
     )
 
 

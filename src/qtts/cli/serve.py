@@ -130,6 +130,8 @@ def run(args) -> int:
     app = create_app(None, settings)
     threading.Thread(target=_load_engines, args=(args, app.state.qtts), name="qtts-load", daemon=True).start()
     print(f"qtts: serving on http://{args.host}:{args.port} (GET /health turns 200 when the model is loaded)")
+    print(f"qtts: web page: {page_url(args.host, args.port)}  (type, pick a voice, hear it while it is generated)",
+          flush=True)
     serve_forever(app, args.host, args.port)
     return 0
 
@@ -157,3 +159,12 @@ def _run_ray(args, settings) -> int:
           f"replica(s), max_batch {config.max_batch} each); Ctrl-C stops it")  # fmt: skip
     run(config, address=args.address, host=args.host, port=args.port, blocking=True)
     return 0
+
+
+def page_url(host: str, port: int) -> str:
+    """The address to open in a browser (a wildcard bind is reached through loopback here)."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"

@@ -145,6 +145,7 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
 
 def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     """The ASGI app. ``engine=None``: not ready until ``app.state.qtts.set_engine(tts)``."""
+    from .page import router as page_router
     from .speech import router as speech_router
     from .voice_routes import router as voice_router
 
@@ -164,6 +165,7 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     _ops_routes(app, state)
     app.include_router(speech_router)
     app.include_router(voice_router)
+    app.include_router(page_router)
     app.add_middleware(AccessMiddleware, state=state)
 
     if engine is not None:

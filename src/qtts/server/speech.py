@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import SAMPLES_PER_FRAME
 from ..errors import InputError
-from ..options import MAX_PENALTY, MAX_TEMPERATURE, MIN_PENALTY, MIN_TEMPERATURE
+from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from .errors import ERROR_RESPONSES, ApiError, public_message
 from .formats import MEDIA_TYPES, open_format
 from .responses import JobStreamingResponse
@@ -49,8 +49,9 @@ class SpeechRequest(BaseModel):
         'or as {"id": ...}.')
     response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
                                            "flac, mp3 or opus.")
-    speed: float | None = Field(None, allow_inf_nan=False, description="Only 1.0 is accepted: qtts does "
-                                "not change the speaking rate.")
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
+                                description="Speaking rate 0.25-4.0 (1.0 = unchanged): a pitch-preserving "
+                                "time stretch applied while streaming.")
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default): the file "
                                                           "bytes, chunked; sse: base64 audio events.")
     instructions: str | None = Field(None, max_length=2000, description="OpenAI's name for `instruct`.")
@@ -90,9 +91,6 @@ def _check_request(req: SpeechRequest, settings) -> str:
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"'input' has {len(req.input)} characters; the limit is {settings.max_input_chars}: "
                        "split the text into several requests", "input_too_long", "input")
-    if req.speed is not None and req.speed != 1.0:
-        raise ApiError(400, f"speed={req.speed} is not supported: qtts cannot change the speaking rate "
-                       "without changing the voice; omit 'speed' or send 1.0", "unsupported_value", "speed")
     if req.max_frames is not None and req.max_frames > settings.max_frames:
         raise ApiError(400, f"max_frames={req.max_frames} exceeds this server's limit of {settings.max_frames}",
                        "max_frames_too_large", "max_frames")
@@ -107,7 +105,8 @@ def _options(req: SpeechRequest, settings):
 
     talker = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                             repetition_penalty=req.repetition_penalty)
-    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames}
+    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames,
+              "speed": 1.0 if req.speed is None else req.speed}
     if settings.chunk_frames:
         kwargs["chunk_frames"] = settings.chunk_frames
     options = SynthesisOptions(**kwargs)
@@ -157,8 +156,9 @@ def _produce(plan: SpeechPlan, metrics):
                 n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
                 capped = frames + n >= plan.frame_cap and not chunk.is_final
                 if frames + n > plan.frame_cap:
-                    n = plan.frame_cap - frames
-                    samples = samples[: n * SAMPLES_PER_FRAME]
+                    keep = plan.frame_cap - frames
+                    samples = samples[: len(samples) * keep // n]  # (stretched chunks: not 1920 per frame)
+                    n = keep
                 frames += n
                 metrics.frames.inc(n)
                 stats["frames"] = frames

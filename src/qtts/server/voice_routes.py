@@ -32,13 +32,17 @@ UPLOAD = "the uploaded 'file'"
 
 
 @router.get("/v1/voices", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/voices", responses=ERROR_RESPONSES)
 async def list_voices(request: Request) -> dict:
-    """Uploaded voices (type "voice") and the model's built-in speakers (type "speaker")."""
+    """Uploaded voices (type "voice") and the model's built-in speakers (type "speaker").
+
+    ``data`` is OpenAI's list shape; ``voices`` the same ids in the shape other local TTS servers
+    answer at ``/v1/audio/voices`` (``{"id", "name"}``), so their clients list them too."""
     state = request.app.state.qtts
     state.require_ready()
     data = await asyncio.to_thread(state.store.list)
     data += [{"id": s, "object": "voice", "type": "speaker"} for s in engine_speakers(state.engine)]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": data, "voices": [{"id": v["id"], "name": v["id"]} for v in data]}
 
 
 async def _save_upload(file: UploadFile, path: str, limit: int) -> int:

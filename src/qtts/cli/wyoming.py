@@ -1,0 +1,79 @@
+"""``qtts wyoming``: the Wyoming protocol service for Home Assistant (extra ``wyoming``)."""
+
+from __future__ import annotations
+
+import logging
+
+from .common import add_model, command, number
+
+log = logging.getLogger(__name__)
+
+
+def register(sub) -> None:
+    p = command(sub, "wyoming", run, "serve the Wyoming protocol (Home Assistant's local TTS): "
+                "qtts wyoming -m M --uri tcp://0.0.0.0:10200")
+    add_model(p)
+    p.add_argument("--uri", default="tcp://127.0.0.1:10200",
+                   help="where to listen: tcp://HOST:PORT, unix://PATH or stdio:// (default tcp://127.0.0.1:10200)")
+    p.add_argument("--voices", metavar="DIR", help="folder of saved .voice files: the voices of a Base checkpoint")
+    p.add_argument("--voice", metavar="NAME", help="voice used when a request names none (default: the first)")
+    p.add_argument("--language", default="auto",
+                   help="language when a request names none: auto (default), a code (en) or a model language")
+    p.add_argument("--instruct", metavar="TEXT", help="style instruction for every request (VoiceDesign needs one)")
+    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0,
+                   help="speaking rate 0.25-4.0, pitch kept (default 1.0)")
+    p.add_argument("--seed", type=number(lo=0), help="seed sampling: the same text always sounds the same")
+    p.add_argument("--max-frames", type=number(lo=1), metavar="N",
+                   help="frame budget per sentence (12.5 frames/s; default: from the text length)")
+    p.add_argument("--max-chars", type=number(lo=1), default=4096, metavar="N",
+                   help="longest text of one request (default 4096)")
+    p.add_argument("--no-streaming", action="store_true",
+                   help="do not offer streaming synthesis (synthesize-start/-chunk/-stop)")
+
+
+def _settings(args):
+    from ..wyoming import WyomingSettings
+
+    return WyomingSettings(uri=args.uri, voices_dir=args.voices, voice=args.voice, language=args.language,
+                           instruct=args.instruct, speed=args.speed, seed=args.seed, max_frames=args.max_frames,
+                           max_chars=args.max_chars, streaming=not args.no_streaming)
+
+
+def _check_uri(uri: str) -> None:
+    from urllib.parse import urlparse
+
+    from ..errors import InputError
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("tcp", "unix", "stdio"):
+        raise InputError(f"--uri {uri!r}: use tcp://HOST:PORT, unix://PATH or stdio://")
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if parsed.scheme == "tcp" and (not parsed.hostname or port is None):
+        raise InputError(f"--uri {uri!r}: a tcp URI needs a host and a port, e.g. tcp://127.0.0.1:10200")
+    if parsed.scheme == "tcp" and parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("qtts: the Wyoming service on %s has no authentication; expose it to your home network only",
+                    parsed.hostname)
+
+
+def run(args) -> int:
+    import asyncio
+
+    from .. import load
+    from ..errors import require
+    from ..wyoming import WyomingService
+
+    require("wyoming", "wyoming", "qtts wyoming")
+    _check_uri(args.uri)
+    settings = _settings(args)
+    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    service = WyomingService(tts, settings)
+    voices = service.catalog.voice_names()
+    if not args.uri.startswith("stdio"):  # stdout carries the protocol on stdio://
+        print(f"qtts: Wyoming service on {args.uri} ({len(voices)} voice(s): {', '.join(voices[:8])}"
+              f"{' ...' if len(voices) > 8 else ''}); add it in Home Assistant: Wyoming Protocol, this host and port",
+              flush=True)
+    asyncio.run(service.run())
+    return 0

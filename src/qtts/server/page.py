@@ -1,0 +1,86 @@
+"""The web page at ``/``: type text, pick a voice, hear it while it is generated.
+
+Plain HTML, CSS and JavaScript shipped in ``qtts/server/static/`` (no build step, nothing from
+a CDN). The page uses the public API only: ``GET /v1/voices``, ``POST /v1/voices`` (uploads) and
+``POST /v1/audio/speech`` with ``response_format: "pcm"``, whose body it reads as a stream and
+schedules into WebAudio as it arrives. ``GET /ui/info`` tells it what the served model takes.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ..config import SAMPLE_RATE
+from ..options import MAX_SPEED, MIN_SPEED
+from .voices import engine_languages, engine_speakers
+
+router = APIRouter()
+
+#: the page talks to its own origin only; audio plays from WebAudio buffers and blob: URLs
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; media-src 'self' blob:; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+
+
+def asset(name: str) -> bytes:
+    """A file of the page (read from the installed package)."""
+    return (resources.files("qtts.server") / "static" / name).read_bytes()
+
+
+def _serve(name: str) -> Response:
+    return Response(asset(name), media_type=ASSETS[name], headers=HEADERS)
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> Response:
+    return _serve("index.html")
+
+
+@router.get("/ui/app.js", include_in_schema=False)
+async def script() -> Response:
+    return _serve("app.js")
+
+
+@router.get("/ui/style.css", include_in_schema=False)
+async def style() -> Response:
+    return _serve("style.css")
+
+
+@router.get("/ui/icon.svg", include_in_schema=False)
+async def icon() -> Response:
+    return _serve("icon.svg")
+
+
+def takes_instruct(model_type: str, model_size: str) -> bool:
+    """VoiceDesign needs an instruction; the 1.7B CustomVoice takes one (see qtts.prompt)."""
+    return model_type == "voice_design" or (model_type == "custom_voice" and model_size == "1b7")
+
+
+@router.get("/ui/info", include_in_schema=False)
+async def page_info(request: Request) -> dict:
+    """What the page shows: model, speakers, languages, whether uploads and instructions apply."""
+    state = request.app.state.qtts
+    state.require_ready()
+    engine = state.engine
+    model_type = str(getattr(engine, "model_type", ""))
+    model_size = str(getattr(engine, "model_size", ""))
+    return {
+        "model": state.settings.model_id, "model_type": model_type, "model_size": model_size,
+        "speakers": engine_speakers(engine), "languages": engine_languages(engine),
+        "cloning": model_type == "base", "uploads": state.store.enabled,
+        "instruct": takes_instruct(model_type, model_size), "instruct_required": model_type == "voice_design",
+        "max_input_chars": state.settings.max_input_chars, "speed": [MIN_SPEED, MAX_SPEED],
+        "sample_rate": SAMPLE_RATE,
+    }  # fmt: skip

@@ -1,0 +1,167 @@
+"""One Wyoming connection: ``describe``, ``synthesize`` and the streaming synthesize events.
+
+Events are read by the library's loop (:class:`wyoming.server.AsyncEventHandler`) and never
+wait for audio: a ``synthesize`` (or each complete sentence of a ``synthesize-chunk`` stream)
+becomes a job on this connection's queue, and one task speaks the jobs in order, writing
+``audio-start``, an ``audio-chunk`` per engine chunk as it is generated, and ``audio-stop``;
+a streamed session ends with ``synthesize-stopped``. Because reading goes on meanwhile, a client
+that disconnects is noticed at once (end of stream) and its generation is cancelled.
+
+Errors (unknown voice or language, empty or too long text, a failing engine) are answered with
+one ``error`` event, after which the server closes the connection, so a client waiting for
+``audio-stop`` never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe
+from wyoming.server import AsyncEventHandler
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+from ..audio import float_to_int16
+from ..config import SAMPLE_RATE
+from ..errors import InputError
+from .catalog import VoiceNotFound
+
+log = logging.getLogger(__name__)
+
+WIDTH, CHANNELS = 2, 1
+_STOPPED = object()  # job marker: the streamed session ended (send synthesize-stopped)
+
+
+class QttsEventHandler(AsyncEventHandler):
+    """Events of one client connection (see the module docstring)."""
+
+    def __init__(self, service, reader, writer):
+        super().__init__(reader, writer)
+        self.service = service
+        self.jobs: asyncio.Queue = asyncio.Queue()
+        self.speaker_task: asyncio.Task | None = None
+        self.session = None  # (choice, text buffer, characters so far) between synthesize-start and -stop
+
+    async def handle_event(self, event: Event) -> bool:
+        try:
+            return await self._dispatch(event)
+        except InputError as exc:
+            await self.fail(exc)
+            return False
+
+    async def _dispatch(self, event: Event) -> bool:
+        if Describe.is_type(event.type):
+            await self.write_event(self.service.catalog.info(self.service.settings.streaming).event())
+        elif Synthesize.is_type(event.type):
+            if self.session is None:  # inside a session it only repeats the streamed text
+                request = Synthesize.from_event(event)
+                self.enqueue(request.text, self._choose(request.voice))
+        elif not self.service.settings.streaming:
+            log.debug("ignoring %s: streaming is off", event.type)
+        elif SynthesizeStart.is_type(event.type):
+            self.session = [self._choose(SynthesizeStart.from_event(event).voice), "", 0]
+        elif SynthesizeChunk.is_type(event.type):
+            self._add_text(SynthesizeChunk.from_event(event).text)
+        elif SynthesizeStop.is_type(event.type):
+            self._end_session()
+        else:
+            log.debug("ignoring event %s", event.type)
+        return True
+
+    def _choose(self, voice):
+        if voice is None:
+            return self.service.catalog.resolve()
+        return self.service.catalog.resolve(voice.name, voice.speaker, voice.language)
+
+    # -- streamed text -------------------------------------------------------------------------
+    def _add_text(self, text: str) -> None:
+        if self.session is None:
+            raise InputError("synthesize-chunk outside a synthesize-start ... synthesize-stop session")
+        self.session[2] += len(text)
+        if self.session[2] > self.service.settings.max_chars:
+            raise InputError(f"the streamed text passed this server's limit of {self.service.settings.max_chars} "
+                             "characters (--max-chars)")
+        done, self.session[1] = complete_sentences(self.session[1] + text)
+        for sentence in done:
+            self.enqueue(sentence, self.session[0])
+
+    def _end_session(self) -> None:
+        if self.session is None:
+            raise InputError("synthesize-stop without synthesize-start")
+        choice, rest, _ = self.session
+        self.session = None
+        if rest.strip():
+            self.enqueue(rest, choice)
+        self.enqueue(None, _STOPPED)
+
+    # -- speaking ------------------------------------------------------------------------------
+    def enqueue(self, text: str | None, choice) -> None:
+        self.jobs.put_nowait((text, choice))
+        if self.speaker_task is None:
+            self.speaker_task = asyncio.create_task(self._speak_jobs(), name="qtts wyoming speaker")
+
+    async def _speak_jobs(self) -> None:
+        try:
+            while True:
+                text, choice = await self.jobs.get()
+                if choice is _STOPPED:
+                    await self.write_event(SynthesizeStopped().event())
+                else:
+                    await self._speak(text, choice)
+        except InputError as exc:
+            await self.fail(exc)
+        except (ConnectionError, OSError) as exc:  # the client went away mid-write
+            log.debug("wyoming client gone: %s", exc)
+            await self.stop()
+        except Exception as exc:
+            log.error("generation failed", exc_info=exc)
+            await self.fail(exc, code="generation_failed")
+
+    async def _speak(self, text: str, choice) -> None:
+        """One utterance: audio-start, its chunks as they are generated, audio-stop."""
+        rate = None
+        async with contextlib.aclosing(self.service.audio(text, choice)) as chunks:
+            async for chunk in chunks:
+                if rate is None:
+                    rate = chunk.sample_rate
+                    await self.write_event(AudioStart(rate=rate, width=WIDTH, channels=CHANNELS).event())
+                if len(chunk.samples):
+                    data = float_to_int16(chunk.samples).tobytes()
+                    await self.write_event(AudioChunk(rate=rate, width=WIDTH, channels=CHANNELS, audio=data).event())
+        if rate is None:  # (the engine always yields a final chunk; this keeps the event order if not)
+            await self.write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
+        await self.write_event(AudioStop().event())
+
+    async def fail(self, exc: Exception, code: str | None = None) -> None:
+        """Answer with one error event, then close the connection."""
+        if code is None:
+            code = "voice_not_found" if isinstance(exc, VoiceNotFound) else "invalid_request"
+        text = str(exc) if isinstance(exc, InputError) else f"generation failed ({type(exc).__name__})"
+        log.info("wyoming error %s: %s", code, text)
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.write_event(Error(text=text, code=code).event())
+        await self.stop()
+
+    async def disconnect(self) -> None:
+        """The client left (or the connection closes): stop speaking; the engine is released
+        when the worker thread has returned (within one frame)."""
+        task, self.speaker_task = self.speaker_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def complete_sentences(text: str) -> tuple[list[str], str]:
+    """Split streamed text into the sentences that are complete and the rest (kept as sent)."""
+    from ..frontend import split_sentences
+
+    pieces = split_sentences(text, min_chars=1) if text.strip() else []  # a short sentence is not held back
+    if len(pieces) < 2:
+        return [], text
+    last = text.rfind(pieces[-1])
+    return pieces[:-1], text[last:]

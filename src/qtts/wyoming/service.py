@@ -1,0 +1,160 @@
+"""The Wyoming service: settings, the engine behind a lock, audio streamed from a worker thread.
+
+One engine serves one generation at a time (Home Assistant sends one request at a time per
+pipeline); other connections wait their turn. Generation runs on a worker thread and hands each
+:class:`qtts.audio.AudioChunk` to the event loop as soon as the engine yields it; when the
+consumer stops (the client left, or the connection failed) the worker's cancel event is set,
+generation stops within one frame, and the engine is released only after the worker returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import InputError
+from .catalog import Catalog, Choice
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WyomingSettings:
+    #: where to listen: tcp://HOST:PORT (loopback by default: Home Assistant on the same machine),
+    #: unix://PATH or stdio://
+    uri: str = "tcp://127.0.0.1:10200"
+    #: directory of saved ``.voice`` files (Base checkpoints: the voices clients can pick)
+    voices_dir: str | None = None
+    #: voice used when a request names none (default: the first in the catalog)
+    voice: str | None = None
+    #: language when a request names none: 'auto' lets the model infer it from the text
+    language: str = "auto"
+    #: style instruction for every request (VoiceDesign needs one; 1.7B CustomVoice may take one)
+    instruct: str | None = None
+    #: speaking rate for every request (pitch-preserving time stretch; 1.0 = unchanged)
+    speed: float = 1.0
+    #: seeds sampling, so the same text and voice always sound the same (None: fresh each time)
+    seed: int | None = None
+    #: frame budget per sentence (12.5 frames/s); None = from the text length (the runaway guard)
+    max_frames: int | None = None
+    #: longest text of one synthesize request (or one streamed session), in characters
+    max_chars: int = 4096
+    #: answer synthesize-start/-chunk/-stop (sentences are spoken as soon as they are complete)
+    streaming: bool = True
+
+    def __post_init__(self):
+        from ..options import SynthesisOptions
+
+        SynthesisOptions(speed=self.speed, seed=self.seed, max_frames=self.max_frames).validate()
+        if self.max_chars < 1:
+            raise InputError(f"max_chars={self.max_chars}: must be >= 1")
+
+
+class WyomingService:
+    """The shared state of every connection: engine, catalog, lock, worker threads."""
+
+    def __init__(self, engine, settings: WyomingSettings | None = None):
+        self.settings = settings or WyomingSettings()
+        self.engine = engine
+        self.catalog = Catalog(engine, self.settings.voices_dir, self.settings.voice,
+                               self.settings.language, self.settings.instruct)
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qtts-wyoming")
+        self._lock: asyncio.Lock | None = None
+        self.generations = 0  # started generations (tests and logs)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:  # created on the serving loop
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def options(self):
+        from ..options import SynthesisOptions
+
+        s = self.settings
+        return SynthesisOptions(speed=s.speed, seed=s.seed, max_frames=s.max_frames)
+
+    async def audio(self, text: str, choice: Choice) -> AsyncIterator:
+        """The AudioChunks of ``text`` as they are generated (holding the engine meanwhile).
+
+        Input errors of the engine are raised before the first chunk; closing this iterator
+        (or cancelling its consumer) stops the generation."""
+        if len(text) > self.settings.max_chars:
+            raise InputError(f"the text has {len(text)} characters; this server's limit is "
+                             f"{self.settings.max_chars} (--max-chars)")
+        async with self.lock:
+            voice = await asyncio.to_thread(self.catalog.load_voice, choice)
+            async for chunk in self._generate(text, choice, voice):
+                yield chunk
+
+    async def _generate(self, text: str, choice: Choice, voice) -> AsyncIterator:
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        options = dataclasses.replace(self.options(), language=choice.language, cancel=stop)
+        self.generations += 1
+
+        def put(kind, value=None):
+            with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is listening
+                loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+        def work():
+            try:
+                chunks = self.engine.stream(text, voice=voice, speaker=choice.speaker, instruct=choice.instruct,
+                                            options=options)
+                try:
+                    for chunk in chunks:
+                        if stop.is_set():
+                            break
+                        put("chunk", chunk)
+                finally:
+                    chunks.close()
+            except Exception as exc:  # delivered to the consumer, who reports it to the client
+                put("error", exc)
+            finally:
+                put("end")
+
+        done = loop.run_in_executor(self.executor, work)
+        try:
+            while True:
+                kind, value = await items.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            stop.set()
+            await asyncio.shield(done)  # the engine is free only when the worker has returned
+
+    # -- serving ------------------------------------------------------------------------------
+    def handler_factory(self):
+        from .handler import QttsEventHandler
+
+        def make(reader, writer):
+            return QttsEventHandler(self, reader, writer)
+
+        return make
+
+    async def start(self, uri: str | None = None):
+        """Start listening (non-blocking); returns the wyoming AsyncServer (``await .stop()``)."""
+        from wyoming.server import AsyncServer
+
+        server = AsyncServer.from_uri(uri or self.settings.uri)
+        await server.start(self.handler_factory())
+        return server
+
+    async def run(self, uri: str | None = None) -> None:
+        """Serve until cancelled (or SIGTERM)."""
+        from wyoming.server import AsyncServer
+
+        server = AsyncServer.from_uri(uri or self.settings.uri)
+        try:
+            await server.run(self.handler_factory())
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
