@@ -3,12 +3,15 @@ CustomVoice checkpoint (one batched engine each) behind Ray's HTTP proxy.
 
 16 concurrent requests complete with valid audio; killing one replica while it streams ends its
 streams with an error (no hang) while the other replica's streams finish; Ray starts a new replica
-and new requests succeed. Every wait has a deadline, so a broken cluster fails in bounded time.
+and new requests succeed. Every wait has a deadline, and the whole module (cluster start and
+shutdown included) has a hard budget, so a broken cluster fails in bounded time and CI stays
+within its budget.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
 import socket
 import time
 
@@ -20,6 +23,9 @@ from qtts.server.ray_serve import APP_NAME, RayConfig, build_app
 
 FRAME_BYTES = 1920 * 2
 VOICES = ["vivian", "ryan", "serena", "aiden"]
+#: hard cap on the whole module, in seconds (it took 54 s on the 2-core machine with 1-2 foreign
+#: cores busy); past the cap the running test fails with TimeoutError
+MODULE_BUDGET_S = 300
 
 
 def _free_port() -> int:
@@ -28,8 +34,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _over_budget(signum, frame):
+    raise TimeoutError(f"the Ray tests ran past their {MODULE_BUDGET_S} s budget (MODULE_BUDGET_S)")
+
+
 @pytest.fixture(scope="module")
-def cluster(tiny_snapshot):
+def budget():
+    """SIGALRM after MODULE_BUDGET_S: raised in the main thread, inside whatever test or wait runs."""
+    previous = signal.signal(signal.SIGALRM, _over_budget)
+    signal.alarm(MODULE_BUDGET_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def cluster(budget, tiny_snapshot):
     import ray
     from ray import serve
 
