@@ -26,14 +26,19 @@ def base_parts(tiny_snapshot):
 
 
 @pytest.fixture(scope="module")
-def onnx_parts(tiny_snapshot, tmp_path_factory):
-    """The tiny Base checkpoint exported fp32 (talker + predictor, one-stream and batch graphs):
-    (one-stream Components, batched Components)."""
+def onnx_plan(tiny_snapshot, tmp_path_factory) -> str:
+    """The tiny Base checkpoint exported fp32 (talker + predictor, one-stream and batch graphs)."""
     from qtts.export.onnx import ExportOptions, export_bundle
 
     out = str(tmp_path_factory.mktemp("batch-bundle") / "fp32")
     export_bundle(tiny_snapshot(), out, ExportOptions(components=("talker", "predictor"), vocoder_main=0))
-    plan = os.path.join(out, "plan.json")
+    return os.path.join(out, "plan.json")
+
+
+@pytest.fixture(scope="module")
+def onnx_parts(tiny_snapshot, onnx_plan):
+    """(one-stream Components, batched Components) of the fp32 export."""
+    plan = onnx_plan
     return open_parts(tiny_snapshot(), plan=plan, threads=1), open_parts(tiny_snapshot(), plan=plan, threads=1,
                                                                           max_batch=4)  # fmt: skip
 
@@ -223,3 +228,17 @@ def test_batched_step_failure_reaches_its_streams_only(base_parts, monkeypatch):
     sinks, _ = run_batch(base_parts.backend, {0: reqs[:1], 5: reqs[1:]})
     assert isinstance(sinks["a"].error, RuntimeError) and len(sinks["a"].codes) == 3
     np.testing.assert_array_equal(sinks["b"].codes, alone(base_parts.backend, reqs[1])[0])
+
+
+def test_batch_rows_script_says_fp32_rows_are_bitwise(tiny_snapshot, onnx_plan, capsys):
+    """scripts/batch_rows.py (the check docs/performance.md runs on full-size quantized plans)."""
+    import importlib.util
+
+    from conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("batch_rows", os.path.join(REPO_ROOT, "scripts", "batch_rows.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--model", tiny_snapshot(), "--plan", onnx_plan, "--threads", "1", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("codes equal [True, True, True]") == 2 and out.rstrip().endswith("bitwise equal")
