@@ -141,3 +141,37 @@ def test_bench_concurrency_refuses_bad_levels(levels, capsys):
 
     assert main(["bench", "-m", "M", "--concurrency", levels]) == 2
     assert "argument --concurrency" in capsys.readouterr().err
+
+
+def test_live_text_streams_share_the_batch_and_equal_alone(tiny_snapshot):
+    """stream_text (one LLM fast, one slow: its row waits for text while the others step) and a
+    plain stream in one batch: each gets the codes it gets alone, and its audio (the live streams'
+    chunks are cut where the talker waits, so their samples match to 1e-5, as in test_live_real)."""
+    from live_fakes import chunkings, slow
+
+    text = "Hi there, 42 cats; ça va?"
+    opts = SynthesisOptions(greedy=True, max_frames=16, split_sentences=False, non_streaming_text=False)
+    parts = open_parts(tiny_snapshot(kind="custom_voice"), threads=1)
+    speaker = parts.config.speakers[0]
+    single = TTS(parts)
+    want = single.synthesize(text, speaker=speaker, options=opts)
+    plain = single.synthesize(TEXTS[1], speaker=speaker, options=SynthesisOptions(seed=3, max_frames=12))
+    tts = TTS(parts, max_batch=3)
+    steps = []
+    tts.batch.add_observer(steps.append)
+    calls = [
+        lambda: tts.stream_text(chunkings(text)["words"], speaker=speaker, options=opts),
+        lambda: tts.stream_text(slow(chunkings(text)["words"], 0.2), speaker=speaker, options=opts),
+        lambda: tts.stream(TEXTS[1], speaker=speaker, options=SynthesisOptions(seed=3, max_frames=12)),
+    ]
+    try:
+        got = _threads(lambda i: list(calls[i]()), len(calls))
+    finally:
+        tts.close()
+    for i, (chunks, ref) in enumerate(zip(got, [want, want, plain])):
+        np.testing.assert_array_equal(np.concatenate([c.codes for c in chunks]), ref.codes, err_msg=f"call {i}")
+        samples = np.concatenate([c.samples for c in chunks])  # live: other chunk sizes (waits flush)
+        np.testing.assert_allclose(samples, ref.samples, atol=1e-5 if i < 2 else 0, err_msg=f"call {i}")
+        assert chunks[-1].finish_reason == ref.finish_reason
+    assert max(s.rows for s in steps) >= 2
+    assert any(s.active > s.rows for s in steps)  # some steps left a stream out: it waited for text

@@ -162,8 +162,8 @@ def test_stream_not_ready_is_skipped_then_resumes_exactly(base_parts, onnx_parts
     monkeypatch.setattr(batching, "ready", ready)
     original_prefill = batching.prefill
 
-    def tag(backend, prompt, params, speaker):
-        state = original_prefill(backend, prompt, params, speaker)
+    def tag(backend, prompt, params, speaker, text=None):
+        state = original_prefill(backend, prompt, params, speaker, text=text)
         if prompt is reqs[0].prompt:  # hold the lowest row, so higher rows step above it
             target[0] = state
         return state

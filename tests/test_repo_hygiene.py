@@ -8,7 +8,6 @@ import subprocess
 from conftest import REPO_ROOT
 
 
-
 def test_no_conflict_markers():
     files = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
     bad = []

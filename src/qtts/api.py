@@ -1,10 +1,16 @@
-"""Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``synthesize`` / ``save`` / ``create_voice``.
+"""Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``stream_text`` / ``synthesize`` /
+``save`` / ``create_voice``.
 
 ``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
 vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
-consumes ``stream()``. The parts it runs on come from :func:`qtts.backends.open`.
+consumes ``stream()``. ``stream_text()`` is the same body over text that is still arriving
+(:mod:`qtts.live`): one talker context across sentences, the same chunking and vocoder stream.
+Every chunk carries the codec frames it was decoded from (``AudioChunk.codes``);
+:meth:`TTS.decode_stream` feeds saved frames through the same chunker and vocoder priming, so the
+same frames, voice prime and chunk sizes give the same audio. The parts it runs on come from
+:func:`qtts.backends.open`.
 """
 
 from __future__ import annotations
@@ -18,27 +24,31 @@ from collections.abc import Iterator
 import numpy as np
 
 from .audio import Audio, AudioChunk
-from .config import FRAME_RATE, SAMPLE_RATE
+from .chunking import Chunker, collect, finish, live_frames, stamp, with_speed
+from .codes import check_codes
+from .config import CODEBOOK_SIZE, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
-from .prompt import build_prompt, clean_text, resolve_mode, valid_conditioning
+from .prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
 log = logging.getLogger(__name__)
 
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
-         max_batch: int = 1) -> TTS:
+         parts=None, max_batch: int = 1) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
 
-    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`). ``max_batch`` > 1:
-    concurrent :meth:`TTS.stream` calls share one batched generation loop (:mod:`qtts.batching`).
+    ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
+    builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
+    ``max_batch`` > 1: concurrent :meth:`TTS.stream` / :meth:`TTS.stream_text` calls share one
+    batched generation loop (:mod:`qtts.batching`).
     """
     from .backends import open as open_components
 
-    parts = open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, max_batch=max_batch)
-    return TTS(parts)
+    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, parts=parts,
+                               max_batch=max_batch))  # fmt: skip
 
 
 class TTS:
@@ -55,6 +65,7 @@ class TTS:
         self.max_batch = int(max_batch or getattr(components, "max_batch", 1) or 1)
         self._batch = None
         self._batch_lock = threading.Lock()
+        self._codec: str | None = None
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -76,6 +87,16 @@ class TTS:
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
+
+    @property
+    def codec(self) -> str | None:
+        """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
+        snapshot = getattr(self.components, "snapshot", None)
+        if self._codec is None and snapshot is not None:
+            from .bundle import codec_fingerprint
+
+            self._codec = codec_fingerprint(snapshot)
+        return self._codec
 
     @property
     def thread_safe(self) -> bool:
@@ -115,24 +136,78 @@ class TTS:
         Input errors (mode/checkpoint mismatch, unknown speaker or language, empty text) are
         raised at the call, before any chunk. Closing the iterator stops generation at once.
         """
+        self._need("backend", "generation")
+        self._need("vocoder", "vocoder")
         options = (options or SynthesisOptions()).resolve(self.config.generation)
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
         pieces = self._pieces(text, options)
-        chunks = self._stream(pieces, mode, options)
-        if options.speed != 1.0:
-            from .stretch import stretch_chunks
+        return with_speed(self._stream(pieces, mode, options), options.speed)
 
-            chunks = stretch_chunks(chunks, options.speed)
-        return chunks
+    def stream_text(self, pieces, voice: Voice | str | None = None, speaker: str | None = None,
+                    instruct: str | None = None, language: str | None = None,
+                    options: SynthesisOptions | None = None):
+        """Speak text while it is still being written: ``pieces`` are its parts in order (an LLM's
+        deltas), as an iterable, an async iterable, or a :class:`qtts.live.TextFeed`.
+
+        Yields :class:`AudioChunk` like :meth:`stream` (an async iterator for an async iterable).
+        Text goes to the talker a token at a time as tokens become final; when the talker is
+        ahead of the text it waits. With greedy decoding the audio equals ``stream(text,
+        split_sentences=False, non_streaming_text=False)`` of the joined text while the text fits
+        one talker context (``options.context_frames``); a longer text goes on in a new context
+        from a sentence end. ``options.speed`` stretches the audio as in :meth:`stream`.
+        Conditioning errors are raised at the call; an empty text when the input ends. Closing
+        the iterator stops generation within one frame.
+        """
+        options = (options or SynthesisOptions()).resolve(self.config.generation)
+        if options.non_streaming_text:
+            raise InputError("stream_text feeds text as it arrives, which needs the streaming text layout; "
+                             "leave non_streaming_text unset (or False)")
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.load(os.fspath(voice))
+        mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
+        if hasattr(pieces, "__aiter__"):
+            from .textsource import astream
+
+            return astream(self, pieces, mode, options)
+        from .live import TextFeed
+
+        if not isinstance(pieces, TextFeed) and not hasattr(pieces, "__iter__"):
+            raise InputError(f"stream_text takes an iterable of strings, got {type(pieces).__name__}")
+        return with_speed(self._stream_live(pieces, mode, options), options.speed)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
-        """The whole utterance (consumes :meth:`stream`)."""
-        chunks = list(self.stream(text, **kwargs))
-        last = chunks[-1]
-        samples = np.concatenate([c.samples for c in chunks]).astype(np.float32)
-        return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info))
+        """The whole utterance (consumes :meth:`stream`), with its frames in ``Audio.codes``."""
+        return collect(self.stream(text, **kwargs))
+
+    def decode_stream(self, codes, prime=None, options: SynthesisOptions | None = None,
+                      codec: str | None = None) -> Iterator[AudioChunk]:
+        """Vocode saved frames ``[frames, 16]`` in streaming chunks, as :meth:`stream` decodes them.
+
+        ``prime``: the reference codes :meth:`stream` primed the vocoder with: ``voice.ref_codes``
+        of an ICL voice (one made with ``ref_text``), else None. ``options``: only
+        ``first_chunk_frames`` / ``chunk_frames`` / ``speed`` apply. The same frames, prime, chunk
+        sizes and speed give the same audio as the :meth:`stream` call that made them. ``codec``:
+        the :attr:`codec` the frames were made with (a codes file records it), checked against
+        this checkpoint's. Bad codes (shape, type, range, codec) raise InputError at the call.
+        """
+        self._need("vocoder", "vocoder")
+        options = options or SynthesisOptions()
+        options.validate()
+        if codec is not None and self.codec is not None and codec != self.codec:
+            raise InputError(f"these codes were made with another speech tokenizer (codec {codec}) than this "
+                             f"checkpoint's (codec {self.codec}); decode them with the checkpoint that made them "
+                             "(any checkpoint sharing its speech_tokenizer/ decodes them the same)")
+        tokenizer = self.config.speech_tokenizer
+        size = int(tokenizer.decoder_config.codebook_size) if tokenizer is not None else CODEBOOK_SIZE
+        codes = check_codes(codes, "codes", size)
+        prime = None if prime is None else check_codes(prime, "prime", size, allow_empty=True)
+        return with_speed(self._decode(codes, prime, options), options.speed)
+
+    def decode(self, codes, prime=None, options: SynthesisOptions | None = None, codec: str | None = None) -> Audio:
+        """The whole audio of saved frames (consumes :meth:`decode_stream`)."""
+        return collect(self.decode_stream(codes, prime=prime, options=options, codec=codec))
 
     def save(self, path: str, text: str, **kwargs) -> Audio:
         """Synthesize and write atomically in the format of the extension (:meth:`Audio.save`)."""
@@ -152,6 +227,9 @@ class TTS:
                 f"voice cloning needs a Base checkpoint; this one is '{self.model_type}' "
                 f"(valid here: {valid_conditioning(self.config)})"
             )
+        self._need("speaker_encoder", "speaker_encoder")
+        if ref_text is not None:
+            self._need("speech_encoder", "speech_encoder")
         if not 0.0 <= float(trailing_silence) <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {trailing_silence}")
         wav = load_reference_audio(ref_audio, sample_rate)
@@ -164,6 +242,18 @@ class TTS:
                      model_size=self.model_size, name=name)
 
     # -- internals -----------------------------------------------------------------------------
+    def _need(self, attr: str, part: str):
+        if getattr(self.components, attr) is None:
+            raise InputError(f"this TTS was loaded without the {part}; load it with parts=None (everything) "
+                             f"or parts that include '{part}'")
+
+    def _vocoder(self, prime):
+        """A fresh vocoder stream, primed with ICL reference codes (their audio is discarded)."""
+        vocoder = self.components.vocoder.stream()
+        if prime is not None and len(prime):
+            vocoder.decode(prime)
+        return vocoder
+
     def _pieces(self, text: str, options: SynthesisOptions) -> list[str]:
         text = clean_text(text)
         if not options.split_sentences:
@@ -172,98 +262,89 @@ class TTS:
 
         return split_sentences(text, max_chars=options.max_sentence_chars) or [text]
 
-    def _loop_params(self, num_ids: int, options: SynthesisOptions, index: int) -> LoopParams:
-        cap = int(self.config.generation.max_new_tokens)
-        max_frames = options.max_frames or frame_budget(num_ids, cap=cap)
+    def _loop_params(self, max_frames: int, options: SynthesisOptions, index: int, cancel=None) -> LoopParams:
         seed = None if options.seed is None else int(options.seed) + index
         return LoopParams.for_config(
             self.config, options.talker, options.predictor, max_frames, seed=seed,
-            watchdog=WatchdogParams() if options.watchdog else None, cancel=options.cancel,
+            watchdog=WatchdogParams() if options.watchdog else None, cancel=cancel or options.cancel,
         )  # fmt: skip
 
-    def _generate(self, prompt, params: LoopParams, speaker):
-        """Frames of one prompt: a :class:`~qtts.generate.Generation`, or a stream of the shared batch."""
+    def _generate(self, prompt, params: LoopParams, speaker, text=None):
+        """Frames of one prompt (``text``: a live text source): a :class:`~qtts.generate.Generation`,
+        or a stream of the shared batch."""
         batch = self.batch
         if batch is None:
-            return generate(self.components.backend, prompt, params, speaker=speaker)
-        return batch.submit(prompt, params, speaker)
+            return generate(self.components.backend, prompt, params, speaker=speaker, text=text)
+        return batch.submit(prompt, params, speaker, text=text)
 
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
         parts = self.components
         t0 = time.perf_counter()
-        vocoder = parts.vocoder.stream()
-        if mode.icl:
-            vocoder.decode(mode.ref_codes)  # prime the vocoder state; the reference audio is discarded
+        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
-        chunker = _Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
         for index, piece in enumerate(pieces):
             prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
-            gen = self._generate(prompt, self._loop_params(prompt.text_token_count, options, index), mode.xvector)
+            budget = options.max_frames or frame_budget(prompt.text_token_count,
+                                                        cap=int(self.config.generation.max_new_tokens))
+            gen = self._generate(prompt, self._loop_params(budget, options, index), mode.xvector)
             frames = iter(gen)
             try:
                 for codes in frames:
                     stats["frames"] += 1
                     chunk = chunker.push(codes)
                     if chunk is not None:
-                        yield _stamp(chunk, stats, t0)
+                        yield stamp(chunk, stats, t0)
             finally:
                 frames.close()
             stats["finish_reasons"].append(gen.finish_reason)
             if gen.finish_reason == "cancelled":
                 break
+        yield finish(chunker, stats, t0)
+
+    def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
+        """:meth:`stream_text`'s body: contexts from a :class:`~qtts.live.TextFeed` (module doc)."""
+        from .live import AnyCancel, TextFeed, context_limits
+        from .textsource import start_reader
+
+        parts, t0 = self.components, time.perf_counter()
+        feed = source if isinstance(source, TextFeed) else TextFeed(parts.tokenizer)
+        if feed is not source:
+            start_reader(source, feed)
+        cancel = AnyCancel(options.cancel, feed)
+        cap = options.max_frames or min(options.context_frames, int(self.config.generation.max_new_tokens))
+        max_tokens, budget = context_limits(cap, options.max_frames)
+        stream = text_stream(self.config, parts.tokenizer, mode)
+        stats = {"frames": 0, "pieces": 0, "finish_reasons": [], "ttfa_s": None, "feed": feed, "waited_s": 0.0}
+        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
+        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+        try:
+            while (ctx := feed.next_context(stream, parts.backend, max_tokens, budget, cancel)) is not None:
+                prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
+                lp = self._loop_params(cap, options, stats["pieces"], cancel)
+                gen = self._generate(prompt, lp, mode.xvector, text=ctx)
+                yield from live_frames(gen, chunker, stats, t0)
+                ctx.end(gen.finish_reason)
+                stats["pieces"] += 1
+                stats["waited_s"] += ctx.waited_s
+                stats["finish_reasons"].append(gen.finish_reason)
+                if gen.finish_reason == "cancelled":
+                    break
+            if cancel.is_set() and "cancelled" not in stats["finish_reasons"]:
+                stats["finish_reasons"].append("cancelled")
+            yield finish(chunker, stats, t0)
+        finally:
+            feed.cancel()  # stops the reader thread (if any) after its piece in flight
+
+    def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
+        t0 = time.perf_counter()
+        stats = {"frames": 0, "ttfa_s": None}
+        chunker = Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
+        for frame in codes:
+            stats["frames"] += 1
+            chunk = chunker.push(frame)
+            if chunk is not None:
+                yield stamp(chunk, stats, t0)
         final = chunker.flush()
         final.is_final = True
-        final.finish_reason = worst_reason(stats["finish_reasons"])
-        yield _stamp(final, stats, t0, final=True)
-
-
-def _stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> AudioChunk:
-    now = time.perf_counter() - t0
-    if stats["ttfa_s"] is None and len(chunk.samples):
-        stats["ttfa_s"] = now
-    info = {"frames": stats["frames"], "wall_s": now, "ttfa_s": stats["ttfa_s"]}
-    if final:
-        audio_s = stats["frames"] / FRAME_RATE
-        info.update(audio_s=audio_s, rtf=(now / audio_s) if audio_s else None,
-                    pieces=stats["pieces"], finish_reasons=list(stats["finish_reasons"]))
-    chunk.info = info
-    return chunk
-
-
-class _Chunker:
-    """Groups frames: a first chunk of ``first`` frames, then chunks of ``size`` frames."""
-
-    def __init__(self, vocoder, first: int, size: int):
-        self.vocoder, self.first, self.size = vocoder, first, size
-        self.pending: list[np.ndarray] = []
-        self.start = 0
-        self.emitted = 0
-
-    def push(self, codes: np.ndarray) -> AudioChunk | None:
-        self.pending.append(codes)
-        want = self.first if self.emitted == 0 else self.size
-        return self._emit() if len(self.pending) >= want else None
-
-    def flush(self) -> AudioChunk:
-        return self._emit()
-
-    def _emit(self) -> AudioChunk:
-        n = len(self.pending)
-        if n:
-            samples = np.asarray(self.vocoder.decode(np.stack(self.pending)), dtype=np.float32)
-        else:
-            samples = np.zeros(0, dtype=np.float32)
-        chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n)
-        self.start += n
-        self.emitted += 1
-        self.pending = []
-        return chunk
-
-
-def worst_reason(reasons: list[str | None]) -> str:
-    """One finish reason for several pieces: cancelled > runaway > length > eos."""
-    for r in ("cancelled", "runaway", "length"):
-        if r in reasons:
-            return r
-    return "eos"
-
+        yield stamp(final, stats, t0, final=True)

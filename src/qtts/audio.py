@@ -46,6 +46,9 @@ class AudioChunk:
     finish_reason: str | None = None
     #: free-form stats (timings, frame counts); filled by the engine
     info: dict = field(default_factory=dict)
+    #: the codec frames this chunk's audio was decoded from, ``[num_frames, 16]`` int64 (None when
+    #: the producer does not say); concatenated over a stream they are all generated frames in order
+    codes: np.ndarray | None = None
 
     @property
     def duration(self) -> float:
@@ -65,6 +68,8 @@ class Audio:
     sample_rate: int = SAMPLE_RATE
     finish_reason: str | None = None
     info: dict = field(default_factory=dict)
+    #: the codec frames it was decoded from, ``[frames, 16]`` int64 (:meth:`qtts.TTS.decode` takes them back)
+    codes: np.ndarray | None = None
 
     @property
     def duration(self) -> float:

@@ -35,6 +35,10 @@ from .generate import advance_rows, next_code0, predict_rows, prefill, ready, re
 
 log = logging.getLogger(__name__)
 
+#: how long the engine thread sleeps when no stream could move (all wait for live text); a new
+#: stream or a closed one wakes it at once
+IDLE_WAIT_S = 0.005
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -52,8 +56,9 @@ class StepStats:
 class _Row:
     """One stream inside the loop (the loop thread owns everything but ``closed``)."""
 
-    def __init__(self, prompt, params, speaker, sink):
+    def __init__(self, prompt, params, speaker, sink, text=None):
         self.prompt, self.params, self.speaker, self.sink = prompt, params, speaker, sink
+        self.text = text  # a live text source (qtts.live.Context) or None
         self.state = None  # StreamState once admitted
         self.pending: np.ndarray | None = None  # a delivered frame the talker has not been fed yet
         self.closed = False  # set by the consumer (any thread): stop at the next step
@@ -84,9 +89,10 @@ class BatchLoop:
     def waiting(self) -> int:
         return len(self._joining)
 
-    def add(self, prompt, params, speaker, sink) -> _Row:
-        """Queue a stream; ``sink(kind, value)`` gets ("frame", codes [16]), then ("end", reason) or ("error", exc)."""
-        row = _Row(prompt, params, speaker, sink)
+    def add(self, prompt, params, speaker, sink, text=None) -> _Row:
+        """Queue a stream (``text``: a live text source); ``sink(kind, value)`` gets ("frame", codes [16]),
+        then ("end", reason) or ("error", exc)."""
+        row = _Row(prompt, params, speaker, sink, text)
         self._joining.append(row)
         return row
 
@@ -123,7 +129,7 @@ class BatchLoop:
                 continue
             t0 = time.perf_counter()
             try:
-                row.state = prefill(self.backend, row.prompt, row.params, row.speaker)
+                row.state = prefill(self.backend, row.prompt, row.params, row.speaker, text=row.text)
             except Exception as exc:  # this stream's input or state: its consumer gets it
                 row.sink("error", exc)
                 return time.perf_counter() - t0
@@ -235,6 +241,11 @@ class BatchStream:
             raise StopIteration
         raise value
 
+    def waiting(self) -> bool:
+        """True when the stream's next talker step waits for text (a live text source that is behind)."""
+        state = self._row.state if self._row is not None else None
+        return state is not None and not ready(state)
+
     def close(self) -> None:
         """Leave the batch (idempotent); frames already produced are dropped."""
         if not self._done and self._row is not None:
@@ -266,13 +277,14 @@ class BatchEngine:
         if fn in self._observers:
             self._observers.remove(fn)
 
-    def submit(self, prompt, params, speaker: np.ndarray | None = None) -> BatchStream:
-        """Queue a generation; it joins the batch at the next step with a free row."""
+    def submit(self, prompt, params, speaker: np.ndarray | None = None, text=None) -> BatchStream:
+        """Queue a generation (``text``: a live text source); it joins the batch at the next step
+        with a free row."""
         stream = BatchStream(self)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batch engine is closed")
-            stream._row = self.loop.add(prompt, params, speaker, stream.put)
+            stream._row = self.loop.add(prompt, params, speaker, stream.put, text)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="qtts-batch", daemon=True)
                 self._thread.start()
@@ -311,7 +323,10 @@ class BatchEngine:
                 self._wake.clear()
                 continue
             try:
-                self.loop.step()
+                stats = self.loop.step()
+                if stats is not None and not (stats.rows or stats.predicted or stats.prefill_s):
+                    self._wake.wait(IDLE_WAIT_S)  # every stream waits for text: do not spin
+                    self._wake.clear()
             except Exception as exc:  # a bug in the loop itself: every stream gets it, the thread lives on
                 log.exception("the batch loop failed")
                 for row in list(self.loop.rows):

@@ -81,6 +81,12 @@ def fingerprint(snapshot: str) -> str:
     return h.hexdigest()[:16]
 
 
+def codec_fingerprint(snapshot: str) -> str:
+    """The fingerprint of the speech tokenizer alone (``speech_tokenizer/``): codec frames made with
+    one checkpoint decode the same on any checkpoint that shares it (the official 0.6B and 1.7B do)."""
+    return fingerprint(os.path.join(snapshot, "speech_tokenizer"))
+
+
 def source_info(snapshot: str) -> dict:
     """What a manifest records about the checkpoint it was exported from."""
     return {"model": os.path.abspath(snapshot), "fingerprint": fingerprint(snapshot)}

@@ -172,6 +172,11 @@ class TextTokenizer:
         """Token ids of ``text``; special-token strings such as '<|im_end|>' become one id."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """(ids, start character offset of each id in ``text``), for incremental tokenization."""
+        enc = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(enc.ids), [s for s, _ in enc.offsets]
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
@@ -212,6 +217,17 @@ def _sentence_spans(text: str) -> list[tuple[int, int]]:
             cuts.add(m.end())
     edges = sorted(cuts)
     return [(a, b) for a, b in zip(edges, edges[1:]) if text[a:b].strip()]
+
+
+def sentence_end(text: str, lo: int, hi: int) -> int | None:
+    """The first sentence end ``e`` with ``lo <= e < hi`` (``hi < len(text)``) by the rules of
+    :func:`split_sentences`. It reads only ``text[:hi + 1]``, so for a text that is still growing
+    the answer is already final."""
+    start = max(0, lo - 64)  # a terminator run and an abbreviation look back a little
+    ends = [start + m.end() for m in re.finditer(r"\n+", text[start : hi + 1])]
+    ends += [m.end() for m in _SENTENCE_END.finditer(text, start, hi + 1) if not _is_abbreviation(text, m.end())]
+    ends = [e for e in ends if lo <= e < hi]
+    return min(ends) if ends else None
 
 
 def _joined(text: str, i: int) -> bool:

@@ -17,6 +17,14 @@ one-stream loop over them. :func:`predict_rows` / :func:`advance_rows` are the s
 list of streams (one batched backend call each), :func:`ready` says whether a stream can take its
 next talker step, :func:`release` returns its KV state; :mod:`qtts.batching` drives them.
 
+Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
+:class:`qtts.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
+yet: :func:`ready` says (non-blocking) whether :func:`advance` can run now, :func:`wait_ready`
+blocks until it can (the one-stream loop calls it), and :func:`frame_limit` is the frame budget,
+which grows with the text until the text is complete. A scheduler that steps several streams
+calls :func:`ready` before :func:`advance` and leaves a stream that is not ready for a later round
+(advancing it raises); streams without live text are always ready.
+
 It stops on EOS (the EOS frame is dropped), on the frame budget (``length``), or when the
 :class:`Watchdog` sees stuck codes (``runaway``). It can never loop forever: every iteration
 either yields a frame that counts against ``max_frames`` or returns.
@@ -185,20 +193,39 @@ class StreamState:
     watchdog: Watchdog | None
     history: list = field(default_factory=list)  # code 0 of every frame so far
     finish_reason: str | None = None
+    #: a live text source (ready/wait/vector/frame_limit, see qtts.live.Context) that replaces
+    #: ``trailing``; None = the prompt's trailing text, then ``pad``
+    text: Any = None
 
     @property
     def frames(self) -> int:
         return len(self.history)
 
 
-def prefill(backend, prompt, lp: LoopParams, speaker: np.ndarray | None = None) -> StreamState:
-    """Embed the prompt and run it through the talker in one call."""
+def prefill(backend, prompt, lp: LoopParams, speaker: np.ndarray | None = None, text=None) -> StreamState:
+    """Embed the prompt and run it through the talker in one call (``text``: a live text source)."""
     trailing, pad = text_vectors(backend, prompt, lp.tts_pad_id)
     embeds = embed_prompt(backend, prompt, speaker)
     kv = backend.new_state(len(embeds) + lp.max_frames + 1)
     logits, hidden, kv = backend.talker(embeds, 0, kv)
     watchdog = Watchdog(lp.watchdog) if lp.watchdog is not None else None
-    return StreamState(kv, logits, hidden, len(embeds), trailing, pad, np.random.default_rng(lp.seed), watchdog)
+    return StreamState(kv, logits, hidden, len(embeds), trailing, pad, np.random.default_rng(lp.seed), watchdog,
+                       text=text)
+
+
+def frame_limit(state: StreamState, lp: LoopParams) -> int:
+    """The frame budget now: ``lp.max_frames``, or what a live text source allows so far."""
+    return lp.max_frames if state.text is None else state.text.frame_limit(lp.max_frames)
+
+
+def ready(state: StreamState) -> bool:
+    """True when :func:`advance` can run without waiting for text (always without live text)."""
+    return state.text is None or state.text.ready(state.frames - 1)
+
+
+def wait_ready(state: StreamState, lp: LoopParams) -> bool:
+    """Block until :func:`ready`; False when ``lp.cancel`` (or the text source) cancelled meanwhile."""
+    return state.text is None or state.text.wait(state.frames - 1, lp.cancel)
 
 
 def next_code0(state: StreamState, lp: LoopParams) -> tuple[int, np.ndarray]:
@@ -211,7 +238,7 @@ def stop_reason(state: StreamState, code0: int, lp: LoopParams) -> str | None:
     """'eos' or 'length' when this code 0 ends the generation, else None."""
     if code0 == lp.eos_id:
         return "eos"
-    return "length" if state.frames >= lp.max_frames else None
+    return "length" if state.frames >= frame_limit(state, lp) else None
 
 
 def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: np.ndarray) -> np.ndarray:
@@ -222,16 +249,11 @@ def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: n
 
 
 def text_vector(state: StreamState) -> np.ndarray:
-    """The text vector fed with the latest frame: the next trailing text vector, then <tts_pad>."""
+    """The text vector of the next talker step: trailing text, then <tts_pad> (or the live source's)."""
     step = state.frames - 1
+    if state.text is not None:
+        return state.text.vector(step)
     return state.trailing[step] if step < len(state.trailing) else state.pad
-
-
-def ready(state: StreamState) -> bool:
-    """True when the stream can take its next talker step (:func:`advance`). Always, for now; with
-    incremental text input a stream waits here for its next text vector, and a scheduler skips
-    it in that batch step."""
-    return True
 
 
 def advance(backend, state: StreamState, codes: np.ndarray) -> None:
@@ -284,16 +306,22 @@ class Generation:
     current frame; no further backend call is made.
     """
 
-    def __init__(self, backend, prompt, params: LoopParams, speaker: np.ndarray | None = None):
+    def __init__(self, backend, prompt, params: LoopParams, speaker: np.ndarray | None = None, text=None):
         self.backend, self.prompt, self.params, self.speaker = backend, prompt, params, speaker
+        self.text = text
+        self.state: StreamState | None = None
         self.finish_reason: str | None = None
         self.num_frames = 0
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return self._frames()
 
+    def waiting(self) -> bool:
+        """True when the next step has to wait for text (a live text source that is behind)."""
+        return self.state is not None and not ready(self.state)
+
     def _frames(self) -> Iterator[np.ndarray]:
-        state = prefill(self.backend, self.prompt, self.params, self.speaker)
+        self.state = state = prefill(self.backend, self.prompt, self.params, self.speaker, self.text)
         try:
             yield from self._loop(state)
         finally:
@@ -316,9 +344,12 @@ class Generation:
                 log.warning("generation stopped by the runaway watchdog after %d frames", state.frames)
                 self.finish_reason = "runaway"
                 return
+            if not wait_ready(state, lp):
+                self.finish_reason = "cancelled"
+                return
             advance(be, state, codes)
 
 
-def generate(backend, prompt, params: LoopParams, speaker: np.ndarray | None = None) -> Generation:
-    """Start a generation (lazy: nothing runs until it is iterated)."""
-    return Generation(backend, prompt, params, speaker)
+def generate(backend, prompt, params: LoopParams, speaker: np.ndarray | None = None, text=None) -> Generation:
+    """Start a generation (lazy: nothing runs until it is iterated); ``text``: a live text source."""
+    return Generation(backend, prompt, params, speaker, text)

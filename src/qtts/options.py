@@ -150,6 +150,9 @@ class SynthesisOptions:
     speed: float = 1.0
     # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
     watchdog: bool = True
+    # stream_text: talker KV slots (frames) of one context; a longer text goes on in a new context
+    # from a sentence end (1024 frames = 82 s of audio, ~235 MB of fp32 KV on the 0.6B talker).
+    context_frames: int = 1024
     # Cross-thread cancellation: an object with is_set() (threading.Event); checked before
     # every frame, so a server can stop a generation within one frame of a disconnect.
     cancel: Any = field(default=None, compare=False)
@@ -167,6 +170,8 @@ class SynthesisOptions:
             )
         if self.max_sentence_chars < 8:
             raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
+        if not 64 <= self.context_frames <= 32768:
+            raise InputError(f"context_frames must be in [64, 32768], got {self.context_frames}")
         if not 0.0 <= self.trailing_silence <= 5.0:
             raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
         if not _within(self.speed, MIN_SPEED, MAX_SPEED):

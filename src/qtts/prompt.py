@@ -299,6 +299,56 @@ def build_prompt(config, tokenizer, text: str, mode: Mode, non_streaming_text: b
     if non_streaming_text is None:
         non_streaming_text = mode.kind in ("custom_voice", "voice_design")
     role, body, ref_body, instruct_ids = _tokenize(tokenizer, text, mode, _instruct(config, mode))
+    return _layout(config, mode, role, body, ref_body, instruct_ids, bool(non_streaming_text))
+
+
+@dataclass(frozen=True)
+class TextStream:
+    """How the streaming text layout consumes a body that is still arriving (``stream_text``).
+
+    The text ids form one stream ``prefix + body + [tts_eos]``: the prefill takes its first
+    ``prefill`` ids (padded with ``tts_pad`` when the stream is shorter), each decode step ``s``
+    takes id ``prefill + s``, and ``tts_pad`` follows the stream.
+    """
+
+    prefix: tuple  # ids before the body: the ICL reference text, else none
+    prefill: int  # ids of the stream inside the prefill: 1, or 1 + reference frames with ICL
+    eos_id: int
+    pad_id: int
+
+    @property
+    def body_needed(self) -> int:
+        """Final body ids needed before the prefill can run (without the end of the text)."""
+        return max(1, self.prefill - len(self.prefix))
+
+
+def text_stream(config, tokenizer, mode: Mode) -> TextStream:
+    """The :class:`TextStream` of a resolved ``mode`` (the streaming text layout)."""
+    prefix: list[int] = []
+    prefill = 1
+    if mode.icl:
+        prefix = tokenizer.encode(f"<|im_start|>assistant\n{mode.ref_text}<|im_end|>\n")[3:-2]
+        prefill = 1 + len(mode.ref_codes)
+    return TextStream(tuple(prefix), prefill, int(config.tts_eos_token_id), int(config.tts_pad_token_id))
+
+
+def live_prompt(config, tokenizer, mode: Mode, body: list[int]) -> Prompt:
+    """The streaming-layout prompt whose prefill holds ``body``'s first ids (``TextStream``).
+
+    ``body`` is the final part of a text that may still grow; only the ids that land in the
+    prefill matter (the trailing ids come from the caller), and they equal :func:`build_prompt`'s
+    for any text that starts with ``body``.
+    """
+    if not body:
+        raise _empty("the text")
+    role = tokenizer.encode("<|im_start|>assistant\n")[:3]
+    ref_body = list(text_stream(config, tokenizer, mode).prefix) if mode.icl else None
+    instruct = _instruct(config, mode)
+    instruct_ids = tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n") if instruct else []
+    return _layout(config, mode, role, list(body), ref_body, instruct_ids, False)
+
+
+def _layout(config, mode: Mode, role, body, ref_body, instruct_ids, non_streaming_text: bool) -> Prompt:
     rows = _Rows()
     for tok in list(instruct_ids) + list(role):
         rows.add(tok)
@@ -307,9 +357,9 @@ def build_prompt(config, tokenizer, text: str, mode: Mode, non_streaming_text: b
     _add_prefix(rows, config, _codec_prefix(config, lang_id, speaker_codec, mode.xvector is not None))
     codes = mode.ref_codes if mode.icl else np.zeros((0, NUM_CODEBOOKS), np.int64)
     if mode.icl:
-        trailing = _body_icl(rows, config, ref_body, body, len(codes), bool(non_streaming_text))
+        trailing = _body_icl(rows, config, ref_body, body, len(codes), non_streaming_text)
     else:
-        trailing = _body_plain(rows, config, body, bool(non_streaming_text))
+        trailing = _body_plain(rows, config, body, non_streaming_text)
 
     def arr(x):
         return np.asarray(x, dtype=np.int64)
@@ -317,6 +367,6 @@ def build_prompt(config, tokenizer, text: str, mode: Mode, non_streaming_text: b
     return Prompt(
         text_ids=arr(rows.text), codec_ids=arr(rows.codec), speaker_pos=rows.speaker_pos,
         icl_codes=codes, icl_frame=arr(rows.frame), trailing_text_ids=arr(trailing), mode=mode.kind,
-        language=mode.language, non_streaming_text=bool(non_streaming_text), text_token_count=len(body),
+        language=mode.language, non_streaming_text=non_streaming_text, text_token_count=len(body),
         tts_pad_id=int(config.tts_pad_token_id), speaker=mode.speaker,
     )

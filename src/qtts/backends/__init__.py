@@ -19,10 +19,12 @@ from ..errors import InputError
 from ..plan import Plan
 from .base import Backend, Context, Vocoder
 
-__all__ = ["Backend", "Components", "Vocoder", "default_threads", "open"]
+__all__ = ["PARTS", "Backend", "Components", "Vocoder", "default_threads", "open"]
 
 #: talker hidden sizes below this are test-sized checkpoints (the tiny random ones are 32 / 64)
 TINY_HIDDEN = 256
+#: the parts :func:`open` can build (``parts=``); a Components built without one has None there
+PARTS = ("generation", "vocoder", "speaker_encoder", "speech_encoder")
 #: intra-op threads for real sizes: more than 4 buys nothing for batch-1 steps (docs/performance.md)
 MAX_THREADS = 4
 
@@ -41,15 +43,16 @@ class Components:
     """Everything a :class:`qtts.TTS` runs on, built once by :func:`open` (or by hand in tests)."""
 
     config: ModelConfig
-    tokenizer: Any  # text -> ids (qtts.frontend.TextTokenizer)
-    backend: Backend  # talker + predictor: the generation seam
-    vocoder: Vocoder  # .stream(): a fresh stateful streaming decoder per utterance
+    tokenizer: Any  # text -> ids (qtts.frontend.TextTokenizer); None when built without generation
+    backend: Backend | None  # talker + predictor: the generation seam (None: built without it)
+    vocoder: Vocoder | None  # .stream(): a fresh stateful streaming decoder per utterance
     speaker_encoder: Any = None  # .embed(wav_24k) -> x-vector; Base checkpoints only
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
     #: streams stepped together by one engine (qtts.batching); 1 = one generation per call, no thread
     max_batch: int = 1
+    snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
 
     @property
     def thread_safe(self) -> bool:
@@ -58,18 +61,20 @@ class Components:
 
 
 def open(model: str, plan=None, dtype: str = "float32", threads: int | None = None,  # noqa: A001
-         backend: Backend | None = None, max_batch: int = 1) -> Components:
+         backend: Backend | None = None, parts=None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
     ``plan``: None, a path, a dict or a :class:`~qtts.plan.Plan`; ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
-    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor;
+    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
+    of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
     ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
     from ..bundle import check_plan_source
     from ..frontend import TextTokenizer
     from ..plan import load_plan
 
+    want = _wanted(parts)
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
     plan = load_plan(plan)
@@ -78,13 +83,25 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
     ctx = Context(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
+    generates = "generation" in want or backend is not None
     return Components(
-        config=config, tokenizer=TextTokenizer.from_dir(snapshot),
-        backend=backend or _generation(plan, ctx), vocoder=_part("vocoder", plan, ctx),
-        speaker_encoder=_part("speaker_encoder", plan, ctx) if clones else None,
-        speech_encoder=_part("speech_encoder", plan, ctx) if clones else None,
-        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch,
+        config=config, tokenizer=TextTokenizer.from_dir(snapshot) if generates else None,
+        backend=backend or (_generation(plan, ctx) if generates else None),
+        vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
+        speaker_encoder=_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
+        speech_encoder=_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
+        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
     )  # fmt: skip
+
+
+def _wanted(parts) -> set:
+    if parts is None:
+        return set(PARTS)
+    want = {parts} if isinstance(parts, str) else set(parts)
+    unknown = sorted(want - set(PARTS))
+    if unknown:
+        raise InputError(f"unknown part(s) {', '.join(unknown)}; valid: {', '.join(PARTS)}")
+    return want
 
 
 def snapshot_dir(model) -> str:

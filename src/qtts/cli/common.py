@@ -42,6 +42,8 @@ def number(cast=int, lo=None, hi=None, above=None):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
                                              f"got {text!r}") from None
+        if value != value:  # NaN fails every bound comparison below, so it would pass them all
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
         for bad, rule in ((lo is not None and value < lo, f">= {lo}"), (hi is not None and value > hi, f"<= {hi}"),
                           (above is not None and not value > above, f"> {above}")):
             if bad:
@@ -139,5 +141,6 @@ class Progress:
         i = chunk.info
         rtf = f"{i['rtf']:.2f}" if i.get("rtf") is not None else "-"
         ttfa = f"{i['ttfa_s']:.2f}s" if i.get("ttfa_s") is not None else "-"
+        reason = f" finish_reason={chunk.finish_reason}" if chunk.finish_reason else ""  # none when decoding
         self._print(f"qtts: frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s "
-                    f"rtf={rtf} ttfa={ttfa} finish_reason={chunk.finish_reason}", True)
+                    f"rtf={rtf} ttfa={ttfa}{reason}", True)

@@ -1,12 +1,16 @@
-"""``qtts say`` (text -> audio file or PCM on stdout) and ``qtts voice create|show`` (.voice files)."""
+"""``qtts say`` (text -> audio file or PCM on stdout, optionally the codec frames), ``qtts decode``
+(saved frames -> audio) and ``qtts voice create|show`` (.voice files)."""
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import os
 import sys
 
 from ..errors import InputError
+from ..options import MAX_PENALTY, MAX_TEMPERATURE, MIN_PENALTY, MIN_TEMPERATURE
 from .common import (
     Progress,
     add_model,
@@ -20,6 +24,10 @@ from .common import (
 )
 
 SILENCE_HELP = "seconds of silence appended to the ICL reference (stops reference bleed; default 0.5)"
+CODES_HELP = ("also write the generated codec frames: .npy = [frames, 16] int64; .npz = the same as 'codes' "
+              "plus an ICL voice's reference codes as 'prime' (decodes on its own with qtts decode)")
+ICL_NOTE = ("qtts: note: an ICL voice primes the vocoder with its reference codes; decode this .npy with "
+            "the same --voice, or write --codes-out FILE.npz to keep them with the frames")
 
 
 def register(sub) -> None:
@@ -38,11 +46,15 @@ def register(sub) -> None:
     who.add_argument("--language", metavar="LANG", help="language name or 'auto' (default)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the format "
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
+    p.add_argument("--codes-out", metavar="FILE", help=CODES_HELP)
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # old flag: output always streams
-    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0, metavar="S",
-                   help="speaking rate 0.25-4.0, pitch kept (a time stretch while streaming; default 1.0)")
+    p.add_argument("--live", action="store_true", help="speak the text while it is still arriving (e.g. "
+                   "-f - piped from an LLM): read incrementally, one talker context across sentences")
+    _speed_argument(p)
     _sampling_arguments(p)
+    _chunk_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
+    _register_decode(sub)
 
     voice_sub = group(sub, "voice", "create or show .voice files (cloned speakers)")
     v = command(voice_sub, "create", run_voice_create, "clone a voice from reference audio into a .voice file")
@@ -60,17 +72,27 @@ def _sampling_arguments(p) -> None:
     s = p.add_argument_group("sampling (default: the checkpoint's generation_config.json)")
     s.add_argument("--seed", type=int, metavar="N", help="random seed (reproducible output)")
     s.add_argument("--greedy", action="store_true", help="deterministic argmax decoding")
-    s.add_argument("--temperature", type=number(float, above=0), metavar="T")
+    s.add_argument("--temperature", type=number(float, MIN_TEMPERATURE, MAX_TEMPERATURE), metavar="T",
+                   help=f"{MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g} (--greedy for argmax)")
     s.add_argument("--top-k", type=number(lo=0), metavar="K", help="0 = off")
     s.add_argument("--top-p", type=number(float, hi=1, above=0), metavar="P", help="1 = off")
-    s.add_argument("--repetition-penalty", type=number(float, above=0), metavar="R", help="1 = off")
+    s.add_argument("--repetition-penalty", type=number(float, MIN_PENALTY, MAX_PENALTY), metavar="R",
+                   help=f"{MIN_PENALTY:g} to {MAX_PENALTY:g}; 1 = off")
     s.add_argument("--max-frames", type=number(lo=1), metavar="N",
                    help="frame budget per sentence (12.5 frames = 1 s; default: from the text length)")
     s.add_argument("--non-streaming-text", action="store_true", default=None,
                    help="put the whole text in the prompt (default for CustomVoice/VoiceDesign)")
     s.add_argument("--no-split", action="store_true", help="do not split long text into sentences")
     s.add_argument("--no-watchdog", action="store_true", help="disable the stuck-code watchdog")
-    c = p.add_argument_group("streaming")
+
+
+def _speed_argument(p) -> None:
+    p.add_argument("--speed", type=number(float, lo=0.25, hi=4.0), default=1.0, metavar="S",
+                   help="speaking rate 0.25-4.0, pitch kept (a time stretch while streaming; default 1.0)")
+
+
+def _chunk_arguments(p, title: str = "streaming") -> None:
+    c = p.add_argument_group(title)
     c.add_argument("--first-chunk-frames", type=number(lo=1), default=2, metavar="N",
                    help="frames in the first audio chunk (default 2)")
     c.add_argument("--chunk-frames", type=number(lo=1), default=8, metavar="N", help="frames per later chunk (default 8)")
@@ -92,6 +114,39 @@ def read_text(args) -> str:
     if args.text is None:
         raise InputError("no text: pass it as an argument (qtts say 'Hello' ...) or with -f FILE")
     return args.text
+
+
+def live_pieces(args):
+    """The text as it arrives: chunks of stdin (-f -) or of a file/FIFO, decoded as UTF-8 incrementally."""
+    if args.text is not None:
+        if args.file:
+            raise InputError("give the text either as an argument or with -f, not both")
+        return iter([args.text])
+    if not args.file:
+        raise InputError("--live reads the text with -f FILE or -f - (stdin)")
+    if args.file == "-":
+        return _read_fd(sys.stdin.fileno(), close=False)
+    return _read_fd(_open_text(args.file), close=True)
+
+
+def _read_fd(fd: int, close: bool):
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        while data := os.read(fd, 4096):  # returns what is there, without waiting for more
+            if text := decoder.decode(data):
+                yield text
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+    finally:
+        if close:
+            os.close(fd)
+
+
+def _open_text(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(f"-f {path}: cannot read the text file ({exc})") from exc
 
 
 def build_options(args):
@@ -124,21 +179,35 @@ def resolve_voice(tts, args):
 
 def run_say(args) -> int:
     from ..api import load
+    from ..codes import CODES_SUFFIXES
 
-    text = read_text(args)
+    if args.live and args.non_streaming_text:
+        raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
+                         "drop --non-streaming-text")
+    text = live_pieces(args) if args.live else read_text(args)
     fmt = check_audio(args.output)
+    if args.codes_out:
+        check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
     options = build_options(args)
     tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
     voice = resolve_voice(tts, args)
-    chunks = tts.stream(text, voice=voice, speaker=args.speaker, instruct=args.instruct,
-                        language=args.language, options=options)
+    speak = tts.stream_text if args.live else tts.stream
+    chunks = speak(text, voice=voice, speaker=args.speaker, instruct=args.instruct, language=args.language,
+                   options=options)
     progress = Progress(args.quiet)
-    progress.summary(write_chunks(chunks, args.output, fmt, progress))
+    frames = [] if args.codes_out else None
+    last = write_chunks(chunks, args.output, fmt, progress, frames)
+    if args.codes_out:
+        prime = voice.ref_codes if voice is not None and voice.icl else None  # what stream() primed with
+        write_codes(args.codes_out, frames, prime, tts.codec, args.quiet)
+    progress.summary(last)
     return 0
 
 
-def write_chunks(chunks, output: str, fmt: str, progress):
-    """Write the stream as it comes to ``output`` ('-' = PCM on stdout); returns the final chunk."""
+def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = None):
+    """Write the stream as it comes to ``output`` ('-' = PCM on stdout); returns the final chunk.
+
+    ``frames``: a list that gets each chunk's codec frames, in order."""
     from ..audio import AudioWriter, float_to_int16
 
     last = None
@@ -148,12 +217,93 @@ def write_chunks(chunks, output: str, fmt: str, progress):
                 sys.stdout.buffer.write(float_to_int16(last.samples).tobytes())
                 sys.stdout.buffer.flush()
                 progress.update(last)
+                _keep(frames, last)
         return last
     with AudioWriter(output, fmt=fmt) as w:
         for last in chunks:
             w.write(last.samples)
             progress.update(last)
+            _keep(frames, last)
     return last
+
+
+def _keep(frames: list | None, chunk) -> None:
+    if frames is not None:
+        frames.append(chunk.codes)
+
+
+def write_codes(path: str, frames: list, prime, codec: str | None, quiet: bool) -> None:
+    """``--codes-out``: every frame in order (.npz: with the ICL prime and the codec fingerprint);
+    a note when an .npy needs the voice."""
+    import numpy as np
+
+    from ..codes import save_codes
+
+    save_codes(path, np.concatenate(frames), prime, codec)
+    if prime is not None and path.lower().endswith(".npy") and not quiet:
+        print(ICL_NOTE, file=sys.stderr)
+
+
+def _register_decode(sub) -> None:
+    p = command(sub, "decode", run_decode, "vocode saved codec frames (qtts say --codes-out, or any "
+                "[frames, 16] integer .npy) to an audio file, through the plan's vocoder")
+    p.add_argument("codes", metavar="CODES",
+                   help=".npy [frames, 16] integer codes, or an .npz from say --codes-out")
+    add_model(p, dtype=False)
+    p.add_argument("--voice", metavar="FILE", help="the .voice the codes were made with: an ICL voice primes the "
+                   "vocoder with its reference codes, as say does (an .npz from say already holds them)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the "
+                   "format (.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
+    _speed_argument(p)
+    _chunk_arguments(p, "streaming (the sizes say used, default 2 and 8, give exactly its audio)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def run_decode(args) -> int:
+    from ..api import load
+    from ..codes import load_codes
+    from ..options import SynthesisOptions
+
+    fmt = check_audio(args.output)
+    codes, prime, codec = load_codes(args.codes)
+    prime = decode_prime(args.codes, prime, args.voice)
+    check_codec(args.codes, codec, args.model)
+    tts = load(args.model, plan=args.plan, threads=args.threads, parts=("vocoder",))
+    options = SynthesisOptions(first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
+                               speed=args.speed)
+    progress = Progress(args.quiet)
+    progress.summary(write_chunks(tts.decode_stream(codes, prime, options), args.output, fmt, progress))
+    return 0
+
+
+def check_codec(codes_path: str, codec: str | None, model: str) -> None:
+    """Refuse codes whose file names another speech tokenizer than ``--model``'s (before loading it)."""
+    from ..backends import snapshot_dir
+    from ..bundle import codec_fingerprint
+
+    if codec is None:
+        return  # an .npy, or an .npz written by hand: nothing to check
+    ours = codec_fingerprint(snapshot_dir(model))
+    if codec != ours:
+        raise InputError(f"{codes_path} was made with another checkpoint's speech tokenizer (codec {codec}), but "
+                         f"--model {model} has codec {ours}; pass the checkpoint that made the codes (any checkpoint "
+                         "with the same speech_tokenizer/ decodes them the same)")
+
+
+def decode_prime(codes_path: str, prime, voice_path: str | None):
+    """The vocoder prime: the file's own, or an ICL ``--voice``'s reference codes (they must agree)."""
+    import numpy as np
+
+    from ..voice import Voice
+
+    if not voice_path:
+        return prime
+    voice = Voice.load(voice_path)
+    ref = voice.ref_codes if voice.icl else None
+    if prime is not None and (ref is None or not np.array_equal(prime, ref)):
+        raise InputError(f"--voice {voice_path}: {codes_path} holds other reference codes (prime) than this "
+                         "voice; drop --voice to decode it as it was made")
+    return ref
 
 
 def run_voice_create(args) -> int:

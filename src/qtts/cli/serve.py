@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def register(sub) -> None:
     p = command(sub, "serve", run, "serve an OpenAI-compatible streaming speech API over HTTP "
-                "(POST /v1/audio/speech)")
+                "(POST /v1/audio/speech; live text in, speech out: WebSocket /v1/audio/speech/stream)")
     add_model(p, threads="CPU threads for each engine's math (intra-op; default: cores / K)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=number(lo=0, hi=65535), default=8000, help="TCP port (default 8000)")
@@ -52,6 +52,15 @@ def register(sub) -> None:
                    help="seconds a client may read nothing of a response before it is aborted (default 60)")
     p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
                    help="open connections at most; more get 503 (default 256)")
+    w = p.add_argument_group("live speech (WebSocket /v1/audio/speech/stream)")
+    w.add_argument("--ws-max-message-chars", type=number(lo=1), default=4096, metavar="N",
+                   help="longest text.delta (default 4096 characters)")
+    w.add_argument("--ws-max-session-chars", type=number(lo=1), default=20000, metavar="N",
+                   help="all text of one session (default 20000 characters)")
+    w.add_argument("--ws-idle-timeout", type=number(float, above=0), default=30.0, metavar="S",
+                   help="close a session with no message and no audio for S seconds before text.done (default 30)")
+    w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
+                   help="longest session in seconds (default 1800)")
 
 def _settings(args):
     from ..server.settings import ServerSettings
@@ -64,6 +73,8 @@ def _settings(args):
         default_response_format=args.default_format, model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
+        ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
+        ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
     )
 
 
@@ -117,6 +128,7 @@ def run(args) -> int:
 
     require("fastapi", "serve", "qtts serve")
     require("uvicorn", "serve", "qtts serve")
+    require("websockets", "serve", "qtts serve (the live speech WebSocket)")
     if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
         require("python_multipart", "serve", "voice uploads (python-multipart)")
     from ..server import create_app

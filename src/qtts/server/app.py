@@ -147,6 +147,7 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     """The ASGI app. ``engine=None``: not ready until ``app.state.qtts.set_engine(tts)``."""
     from .page import router as page_router
     from .speech import router as speech_router
+    from .speech_stream import router as stream_router
     from .voice_routes import router as voice_router
 
     settings = settings or ServerSettings()
@@ -164,6 +165,7 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     _ops_routes(app, state)
     app.include_router(speech_router)
+    app.include_router(stream_router)
     app.include_router(voice_router)
     app.include_router(page_router)
     app.add_middleware(AccessMiddleware, state=state)

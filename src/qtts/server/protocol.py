@@ -14,6 +14,9 @@ follows the h11 state of the client's side of each connection:
   after ``write_timeout_s``;
 * past ``max_connections`` open connections a new one is answered 503 and closed at once.
 
+A WebSocket upgrade hands the transport to uvicorn's WebSocket protocol; the timers stop there
+(a live speech session may last many minutes; it has its own idle and length limits).
+
 A timed-out request that has no response yet gets ``408`` (OpenAI-style JSON) before the close;
 an idle keep-alive connection that has not started its next request is closed without one (a
 client reusing it at that moment would take the 408 for its new request's answer). Every close is
@@ -67,6 +70,12 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
         self._partial = self._phase == "headers"
 
+    def handle_websocket_upgrade(self, event) -> None:
+        self._cancel()
+        self._cancel_write()
+        self._phase = "websocket"  # _follow() arms no timer from now on
+        super().handle_websocket_upgrade(event)
+
     def on_response_complete(self) -> None:
         self._served = True
         super().on_response_complete()
@@ -89,7 +98,7 @@ class GuardedH11Protocol(H11Protocol):
     # -- the guards --------------------------------------------------------------------------
     def _follow(self) -> None:
         """Arm the timer that matches what the client owes us now (nothing: no timer)."""
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._phase == "websocket":
             return
         theirs = self.conn.their_state
         phase = "headers" if theirs is h11.IDLE else "body" if theirs is h11.SEND_BODY else None

@@ -27,15 +27,23 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: largest WebSocket message the protocol accepts (bigger ones are closed with 1009 before the app
+#: sees them); the app answers a text.delta over ws_max_message_chars itself, with an error event
+WS_MAX_BYTES = 4 * 1024 * 1024
+
+
 def _config(app, log_level: str, access_log: bool):
-    """uvicorn settings: the guarded h11 protocol (timeouts, connection cap) from the app's settings."""
+    """uvicorn settings: the guarded h11 protocol (timeouts, connection cap) from the app's settings,
+    and the ``websockets`` (sans-I/O) protocol for the live speech WebSocket."""
     uvicorn = require("uvicorn", "serve", "the HTTP server")
+    require("websockets", "serve", "the WebSocket endpoint /v1/audio/speech/stream")
     from .protocol import guarded_protocol
 
     state = app.state.qtts
     return uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                           timeout_graceful_shutdown=5, http=guarded_protocol(state),
-                          timeout_keep_alive=state.settings.keep_alive_s)
+                          timeout_keep_alive=state.settings.keep_alive_s, ws="websockets-sansio",
+                          ws_max_size=WS_MAX_BYTES)
 
 
 class ServerThread:

@@ -57,6 +57,16 @@ class ServerSettings:
     #: open connections at most; one more is answered 503 and closed at once
     max_connections: int = 256
 
+    #: WebSocket /v1/audio/speech/stream: longest text.delta message, in characters
+    ws_max_message_chars: int = 4096
+    #: WebSocket: all text of one session, in characters (one answer per connection)
+    ws_max_session_chars: int = 20000
+    #: WebSocket: a session that neither sends a message nor receives audio for this long (before
+    #: text.done) is closed; covers a client that never sends text.done
+    ws_idle_timeout_s: float = 30.0
+    #: WebSocket: longest session, from connect to the last audio
+    ws_max_session_s: float = 1800.0
+
     def __post_init__(self):
         if self.max_concurrency < 1:
             raise InputError(f"max_concurrency={self.max_concurrency}: must be >= 1")
@@ -67,10 +77,12 @@ class ServerSettings:
                              "batched engine (--max-batch) or several engines (--max-concurrency), not both")
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
-        for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections"):
+        for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections",
+                     "ws_max_message_chars", "ws_max_session_chars"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
-        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_s", "queue_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_s", "queue_timeout_s",
+                     "ws_idle_timeout_s", "ws_max_session_s"):
             if not 0 < getattr(self, name) <= 86400:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
         if self.default_response_format not in SUPPORTED_FORMATS:

@@ -1,0 +1,372 @@
+"""``WebSocket /v1/audio/speech/stream``: speak text while the client (an LLM) is still writing it.
+
+One answer per connection. The client sends JSON text frames: ``session.update`` (optional,
+first), any number of ``text.delta``, then ``text.done``. The server sends binary frames of audio
+in the session's format as it is generated, and JSON events: ``audio.started``, optional
+``audio.chunk`` timings, ``audio.done`` (then it closes with 1000) and ``error``. Generation runs
+on a worker slot through :meth:`qtts.TTS.stream_text`, fed from a :class:`TextPieces` queue, so
+text keeps arriving while the talker computes. Closing the socket cancels the generation within
+a frame. Schema, limits and close codes: docs/server.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import time
+from types import SimpleNamespace
+
+from fastapi import APIRouter, WebSocket
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import InputError
+from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from .errors import ApiError, public_message, validation_message
+from .formats import open_format
+from .speech import Format, VoiceRef, _engine_error, _record, _resolve_voice, _with_cancel
+from .worker import Job
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("qtts.server.access")
+router = APIRouter()
+
+ROUTE = "/v1/audio/speech/stream"
+#: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
+#: internal error, try again later (busy, not ready)
+NORMAL, POLICY, TOO_BIG, INTERNAL, BUSY = 1000, 1008, 1009, 1011, 1013
+
+
+class SessionConfig(BaseModel):
+    """``session.update`` fields (all optional; None = the model or server default)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, max_length=256)
+    voice: str | VoiceRef | None = Field(None, description="An uploaded voice id or a built-in speaker.")
+    speaker: str | None = Field(None, max_length=256, description="A built-in speaker (CustomVoice).")
+    response_format: Format | None = None
+    instruct: str | None = Field(None, max_length=2000)
+    instructions: str | None = Field(None, max_length=2000)
+    language: str | None = Field(None, max_length=64)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, ge=MIN_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)
+    greedy: bool | None = None
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
+                                description="Speaking rate (a pitch-preserving time stretch), as for POST.")
+    max_frames: int | None = Field(None, ge=1, description="Frame budget of each talker context (at most the "
+                                   "server's max_frames); None = by text length.")
+    chunk_events: bool | None = Field(None, description="Send an audio.chunk event after each audio frame.")
+
+
+class SessionError(Exception):
+    """An ``error`` event for the client; ``close`` set = the session ends with that close code."""
+
+    def __init__(self, code: str, message: str, close: int | None = POLICY):
+        super().__init__(message)
+        self.code, self.message, self.close = code, message, close
+
+
+class Disconnected(Exception):
+    """The client went away (or stopped reading)."""
+
+
+class TextPieces:
+    """Text deltas from the event loop to the engine's reader thread: a blocking iterable."""
+
+    _END = object()
+
+    def __init__(self):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def push(self, piece: str) -> None:
+        self._q.put(piece)
+
+    def close(self) -> None:
+        self._q.put(self._END)
+
+    def __iter__(self):
+        while (item := self._q.get()) is not self._END:
+            yield item
+
+
+def _options(cfg: SessionConfig, settings):
+    from ..options import SamplingParams, SynthesisOptions
+
+    talker = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                            repetition_penalty=cfg.repetition_penalty)
+    extra = {"chunk_frames": settings.chunk_frames} if settings.chunk_frames else {}
+    if cfg.max_frames is not None and cfg.max_frames > settings.max_frames:
+        raise InputError(f"max_frames={cfg.max_frames} exceeds this server's limit of {settings.max_frames}")
+    return SynthesisOptions(talker=talker, seed=cfg.seed, greedy=bool(cfg.greedy), max_frames=cfg.max_frames,
+                            speed=1.0 if cfg.speed is None else cfg.speed, **extra)
+
+
+def _produce(session: LiveSession, voice, speaker, options):
+    """Worker-thread body: engine chunks -> (audio bytes, chunk info); stats in ``session.stats``."""
+    cfg, pieces, stats, metrics = session.cfg, session.pieces, session.stats, session.state.metrics
+
+    def run(engine, cancel):
+        writer = open_format(session.fmt)
+        pending, t0 = writer.start(), time.perf_counter()
+        stream = engine.stream_text(pieces, voice=voice, speaker=speaker, language=cfg.language,
+                                    instruct=cfg.instruct or cfg.instructions or None,
+                                    options=_with_cancel(options, cancel))
+        try:
+            for chunk in stream:
+                if cancel.is_set():
+                    break
+                metrics.frames.inc(chunk.num_frames)
+                stats["frames"] = stats.get("frames", 0) + chunk.num_frames
+                stats["audio_s"] = stats.get("audio_s", 0.0) + len(chunk.samples) / chunk.sample_rate
+                if chunk.is_final:
+                    stats.update(finish_reason=chunk.finish_reason, contexts=chunk.info.get("pieces"),
+                                 text_wait_s=chunk.info.get("text_wait_s"))
+                data, pending = pending + writer.write(chunk.samples), b""
+                yield data, {"frame_start": chunk.frame_start, "frames": chunk.num_frames}
+            if not cancel.is_set():
+                stats["completed"] = True
+                yield pending + writer.finish(), None
+        finally:
+            stream.close()
+            pieces.close()
+            stats["gen_s"] = time.perf_counter() - t0
+            stats["cancelled"] = cancel.is_set() and not stats.get("completed")
+            _record(stats, metrics)
+
+    return run
+
+
+class LiveSession:
+    """One WebSocket session (module docstring)."""
+
+    def __init__(self, ws: WebSocket, state):
+        self.ws, self.state, self.settings = ws, state, state.settings
+        self.cfg = SessionConfig()
+        self.pieces = TextPieces()
+        self.stats: dict = {}
+        self.fmt = self.settings.default_response_format
+        self.chars, self.done, self.started = 0, False, asyncio.Event()
+        self.t0 = self.last_seen = time.monotonic()
+        self.first_text_at: float | None = None
+        self.receiver: asyncio.Task | None = None
+        self.job: Job | None = None
+        self.close_code: int | None = None
+        self._send_lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        try:
+            self.state.require_ready()
+            self.receiver = asyncio.ensure_future(self._receive_loop())
+            await self._race(self.started.wait())
+            await self._generate()
+        except ApiError as exc:  # not ready
+            await self._fail(SessionError(exc.code, exc.message, BUSY))
+        except SessionError as exc:
+            await self._fail(exc)
+        except Disconnected:
+            self.close_code = self.close_code or 1006
+        finally:
+            await self._cleanup()
+
+    # -- generation --------------------------------------------------------------------------
+    async def _generate(self) -> None:
+        name = self.cfg.speaker or self.cfg.voice
+        if self.cfg.speaker and self.cfg.voice:
+            raise SessionError("conflicting_fields", "send either 'voice' or 'speaker', not both")
+        try:
+            voice, speaker = await _resolve_voice(SimpleNamespace(voice=name), self.state)
+            options = _options(self.cfg, self.settings)
+            options.validate()
+        except (ApiError, InputError) as exc:
+            code = getattr(exc, "code", "invalid_value")
+            raise SessionError(code, public_message(str(exc), self.state.store.directory)) from None
+        try:
+            slot = await self._race(self.state.scheduler.acquire())
+        except ApiError as exc:
+            raise SessionError(exc.code, exc.message, BUSY) from None
+        self.job = Job(self.state.scheduler, slot, _produce(self, voice, speaker, options))
+        self.job.start()
+        await self._forward()
+
+    async def _forward(self) -> None:
+        first = True
+        while True:
+            kind, value = await self._race(self.job.next())
+            if kind == "error":
+                exc = _engine_error(value)
+                close = POLICY if exc.status < 500 else INTERNAL
+                raise SessionError(exc.code, public_message(exc.message, self.state.store.directory), close)
+            if kind == "end":
+                await self._event({"type": "audio.done", "finish_reason": self.stats.get("finish_reason"),
+                                   "stats": self._public_stats()})
+                await self._close(NORMAL)
+                return
+            data, info = value
+            if first and data:
+                first = False
+                if self.first_text_at is not None:
+                    self.stats["ttfa_s"] = time.monotonic() - self.first_text_at
+                await self._event({"type": "audio.started", "response_format": self.fmt, "sample_rate": 24000})
+            if data:
+                await self._send(self.ws.send_bytes(data))
+                self.last_seen = time.monotonic()
+            if info is not None and self.cfg.chunk_events:
+                await self._event({"type": "audio.chunk", **info, "wall_s": round(time.monotonic() - self.t0, 4)})
+
+    def _public_stats(self) -> dict:
+        s = self.stats
+        out = {"frames": s.get("frames", 0), "audio_s": round(s.get("audio_s", 0.0), 3), "text_chars": self.chars,
+               "contexts": s.get("contexts"), "ttfa_s": s.get("ttfa_s"), "gen_s": s.get("gen_s"),
+               "text_wait_s": s.get("text_wait_s")}
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+    # -- receiving ---------------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        """Client messages until it disconnects (returns) or breaks a rule (raises SessionError)."""
+        s = self.settings
+        while True:
+            now = time.monotonic()
+            if now - self.t0 > s.ws_max_session_s:
+                raise SessionError("session_too_long", f"the session passed its limit of {s.ws_max_session_s:g} s")
+            idle = now - self.last_seen  # the last message from the client or audio to it
+            if not self.done and idle > s.ws_idle_timeout_s:
+                raise SessionError("idle_timeout", f"no message and no audio for {s.ws_idle_timeout_s:g} s; send "
+                                   "text.delta messages and end with text.done")
+            wait = min(s.ws_idle_timeout_s - idle if not self.done else s.ws_max_session_s, 1.0)
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), max(0.01, wait))
+            except asyncio.TimeoutError:
+                continue
+            if message["type"] == "websocket.disconnect":
+                return
+            self.last_seen = time.monotonic()
+            if message.get("text") is None:
+                await self._event(_error("binary_not_supported", "binary frames are not accepted: send JSON text "
+                                         "frames (session.update, text.delta, text.done)"))
+                continue
+            try:
+                await self._handle(message["text"])
+            except SessionError as exc:
+                if exc.close is not None:
+                    raise
+                await self._event(_error(exc.code, exc.message))  # reported; the session goes on
+
+    async def _handle(self, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            return await self._event(_error("invalid_json", "a message is not valid JSON; send "
+                                            '{"type": "text.delta", "delta": "..."}'))
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind == "text.delta":
+            return self._delta(msg)
+        if kind == "text.done":
+            self.done = True
+            self.pieces.close()
+            self.started.set()
+            return None
+        if kind == "session.update":
+            return await self._update(msg)
+        await self._event(_error("unknown_type", f"unknown message type {str(kind)[:40]!r}; use session.update, "
+                                 "text.delta or text.done"))
+        return None
+
+    def _delta(self, msg: dict) -> None:
+        s, delta = self.settings, msg.get("delta")
+        if set(msg) - {"type", "delta"} or not isinstance(delta, str):
+            raise SessionError("invalid_delta", "text.delta takes one string field 'delta'")
+        if self.done:
+            raise SessionError("text_after_done", "text.delta after text.done is ignored", close=None)
+        if len(delta) > s.ws_max_message_chars:
+            raise SessionError("delta_too_long", f"a text.delta has {len(delta)} characters; the limit is "
+                               f"{s.ws_max_message_chars} per message: send smaller pieces", TOO_BIG)
+        self.chars += len(delta)
+        if self.chars > s.ws_max_session_chars:
+            raise SessionError("session_text_too_long", f"the session's text passed {s.ws_max_session_chars} "
+                               "characters; start a new session for more")
+        if delta:
+            self.first_text_at = self.first_text_at or time.monotonic()
+            self.pieces.push(delta)
+        self.started.set()
+
+    async def _update(self, msg: dict) -> None:
+        if self.started.is_set():
+            raise SessionError("session_started", "session.update must come before the first text", close=None)
+        if set(msg) - {"type", "session"} or not isinstance(msg.get("session"), dict):
+            raise SessionError("invalid_session", 'session.update takes {"session": {...}}')
+        try:
+            self.cfg = SessionConfig(**msg["session"])
+        except (ValidationError, TypeError) as exc:
+            errors = exc.errors() if isinstance(exc, ValidationError) else [{"msg": str(exc)}]
+            raise SessionError("invalid_session", validation_message(errors)[0]) from None
+        self.fmt = self.cfg.response_format or self.settings.default_response_format
+        self.started.set()  # the voice is known: take a worker and wait for text there
+
+    # -- plumbing ----------------------------------------------------------------------------
+    async def _race(self, awaitable):
+        """``awaitable``'s result, unless the receiver ends first (disconnect or a broken rule)."""
+        task = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({task, self.receiver}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ApiError):
+            await task
+        exc = self.receiver.exception()
+        raise exc if exc is not None else Disconnected()
+
+    async def _event(self, event: dict) -> None:
+        await self._send(self.ws.send_text(json.dumps(event)))
+
+    async def _send(self, coro) -> None:
+        async with self._send_lock:
+            try:
+                await asyncio.wait_for(coro, self.settings.write_timeout_s)
+            except (asyncio.TimeoutError, RuntimeError, OSError) as exc:
+                raise Disconnected() from exc
+
+    async def _fail(self, exc: SessionError) -> None:
+        self.stats["error"] = exc.message
+        with contextlib.suppress(Disconnected):
+            await self._event(_error(exc.code, exc.message))
+        await self._close(exc.close or POLICY)
+
+    async def _close(self, code: int) -> None:
+        self.close_code = code
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code), 5)
+
+    async def _cleanup(self) -> None:
+        self.pieces.close()
+        if self.receiver is not None:
+            self.receiver.cancel()
+            with contextlib.suppress(BaseException):
+                await self.receiver
+        if self.job is not None:
+            self.job.cancel()
+            await self.job.wait_done(30)
+        m = self.state.metrics
+        m.requests.inc(route=ROUTE, method="WS", status=str(self.close_code or 1006))
+        if self.settings.access_log:
+            record = {"path": ROUTE, "close_code": self.close_code or 1006, "text_chars": self.chars,
+                      "duration_ms": round(1000 * (time.monotonic() - self.t0), 1), **self._public_stats()}
+            if "error" in self.stats:
+                record["error"] = self.stats["error"]
+            access_log.info(json.dumps(record, ensure_ascii=True))
+
+
+def _error(code: str, message: str) -> dict:
+    return {"type": "error", "error": {"code": code, "message": message}}
+
+
+@router.websocket(ROUTE)
+async def speech_stream(ws: WebSocket) -> None:
+    """Live speech from streaming text (module docstring, docs/server.md)."""
+    await LiveSession(ws, ws.app.state.qtts).run()
