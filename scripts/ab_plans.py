@@ -5,53 +5,24 @@
     .venv/bin/python scripts/ab_plans.py --model DIR --plan A/plan.json --pipelined [--vocoder-threads 1]
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
-generating ``--frames`` frames with streaming decode (2 frames, then 8). Prints per-run talker /
-predictor / vocoder ms per frame and the median RTF. ``--pipelined`` instead compares, for each
-plan, the serial loop with a vocoder on a second thread fed through a queue.
+generating ``--frames`` frames with streaming decode (the schedule of qtts.pipeline.Chunker: 1, 2,
+4, 8, ...), serial. Prints per-run talker / predictor / vocoder ms per frame, the median RTF and
+TTFA. ``--pipelined`` adds, for each plan, the two-thread pipeline of ``TTS.stream``
+(qtts.pipeline.run_ahead) as its own interleaved variant.
 """
 
 from __future__ import annotations
 
 import argparse
-import queue
+import dataclasses
 import sys
-import threading
-import time
 
 import numpy as np
 
 from qtts.backends import open as open_components
 from qtts.bench import BenchOptions, _loop_params, _one_run
 from qtts.errors import InputError, QttsError
-from qtts.generate import generate
 from qtts.verify import reference_prompt
-
-
-def pipelined_run(parts, prompt, speaker, lp, decoder) -> tuple[float, float]:
-    """(RTF, TTFA s) with decoding on a worker thread; chunks of 2 frames, then 8."""
-    chunks: queue.Queue = queue.Queue()
-    ttfa: list[float] = []
-    t0 = time.perf_counter()
-
-    def worker():
-        while (item := chunks.get()) is not None:
-            decoder.decode(item)
-            ttfa.append(time.perf_counter() - t0)
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    pending, sent, frames = [], 0, 0
-    for codes in generate(parts.backend, prompt, lp, speaker):
-        pending.append(codes)
-        frames += 1
-        if len(pending) >= (2 if sent == 0 else 8):
-            chunks.put(np.asarray(pending, dtype=np.int64))
-            pending, sent = [], sent + 1
-    if pending:
-        chunks.put(np.asarray(pending, dtype=np.int64))
-    chunks.put(None)
-    thread.join()
-    return (time.perf_counter() - t0) / (frames * 0.08), ttfa[0]
 
 
 def main() -> None:
@@ -61,33 +32,34 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=64)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="talker / predictor (and serial vocoder) threads")
-    ap.add_argument("--pipelined", action="store_true", help="serial vs vocoder on a second thread")
-    ap.add_argument("--vocoder-threads", type=int, default=2, help="threads of the pipelined vocoder")
+    ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.pipeline)")
+    ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
+                    help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
     args = ap.parse_args()
-    opts = BenchOptions(threads=args.threads)
-    loaded = []
+    serial = BenchOptions(threads=args.threads, pipeline=False)
+    variants = []
     for plan in args.plan:
         parts = open_components(args.model, plan=plan, threads=args.threads)
-        prompt, speaker = reference_prompt(parts, opts.text)
-        _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)  # warm-up
-        vocoder = open_components(args.model, plan=plan, threads=args.vocoder_threads).vocoder if args.pipelined else None
-        loaded.append((plan, parts, prompt, speaker, vocoder))
+        prompt, speaker = reference_prompt(parts, serial.text)
+        variants.append((plan + " (serial)", parts, prompt, speaker, serial))
+        for vt in args.vocoder_threads if args.pipelined else []:
+            piped = parts if vt is None else dataclasses.replace(
+                parts, vocoder=open_components(args.model, plan=plan, threads=vt).vocoder)  # fmt: skip
+            variants.append((f"{plan} (pipelined, vocoder threads {vt or args.threads})", piped, prompt, speaker,
+                             dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+    for _name, parts, prompt, speaker, opts in variants:  # warm-up
+        _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)
     rows: dict[str, list] = {}
     for i in range(args.runs):
-        for plan, parts, prompt, speaker, vocoder in loaded if i % 2 == 0 else loaded[::-1]:
-            lp = _loop_params(parts.config, args.frames, opts.seed)
-            r = _one_run(parts, prompt, speaker, lp, opts)
-            rows.setdefault(plan, []).append(
-                (r["talker_ms"], r["predictor_ms"], r["vocoder_ms"], r["total_s"] / r["audio_s"], r["ttfa_ms"])
-            )
-            if vocoder is not None:
-                rtf, ttfa = pipelined_run(parts, prompt, speaker, lp, vocoder.stream())
-                rows.setdefault(plan + " (pipelined)", []).append((np.nan, np.nan, np.nan, rtf, 1000 * ttfa))
+        for name, parts, prompt, speaker, opts in variants if i % 2 == 0 else variants[::-1]:
+            r = _one_run(parts, prompt, speaker, _loop_params(parts.config, args.frames, opts.seed), opts)
+            rows.setdefault(name, []).append((r["talker_ms"], r["predictor_ms"], r["vocoder_ms"],
+                                              r["total_s"] / r["audio_s"], r["ttfa_ms"], r["foreign_cores"]))  # fmt: skip
     for name, runs in rows.items():
         a = np.array(runs)
         print(f"{name}\n  talker {np.round(a[:, 0], 1)}  predictor {np.round(a[:, 1], 1)}  "
               f"vocoder {np.round(a[:, 2], 1)}  RTF {np.round(a[:, 3], 3)} (median {np.median(a[:, 3]):.3f})  "
-              f"TTFA ms {np.round(a[:, 4])}")  # fmt: skip
+              f"TTFA ms {np.round(a[:, 4])} (median {np.median(a[:, 4]):.0f})  foreign cores {np.round(a[:, 5], 2)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def unary_op_costs(threads: int) -> None:
                                   opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
         sess = ort.InferenceSession(model.SerializeToString(), session_options(threads),
                                     providers=["CPUExecutionProvider"])  # fmt: skip
-        t, _ = timed(lambda: sess.run(None, {"x": x}), reps=10)
+        t, _ = timed(lambda sess=sess: sess.run(None, {"x": x}), reps=10)
         print(f"  onnxruntime {op} on [1, 96, 15360]: {1000 * t:.2f} ms")
 
 

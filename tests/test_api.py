@@ -70,13 +70,15 @@ def make_tts(kind="Qwen3-TTS-12Hz-0.6B-Base", **backend_kw):
 
 VOICE = Voice(np.ones(H, np.float32), model_size="0b6")
 OPTS = SynthesisOptions(greedy=True, max_frames=30, watchdog=False)
+#: the serial path (one thread) with a 2-frame first chunk: tests that count backend calls per chunk
+SERIAL = SynthesisOptions(greedy=True, max_frames=30, watchdog=False, pipeline=False, first_chunk_frames=2)
 
 
-def test_chunk_sizes_first_then_regular():
+def test_chunk_sizes_double_from_first_up_to_chunk_frames():
     tts, _ = make_tts()
     chunks = list(tts.stream("Hello world.", voice=VOICE, options=OPTS))
     sizes = [c.num_frames for c in chunks]
-    assert sizes[0] == 2 and all(s == 8 for s in sizes[1:-1]) and sum(sizes) == 30
+    assert sizes == [1, 2, 4, 8, 8, 7]  # 30 frames; the last chunk is the final one
     assert [len(c.samples) for c in chunks] == [1920 * s for s in sizes]
     assert [c.frame_start for c in chunks] == list(np.cumsum([0] + sizes[:-1]))
     assert chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
@@ -89,7 +91,7 @@ def test_custom_chunking():
     tts, _ = make_tts()
     opts = SynthesisOptions(greedy=True, max_frames=10, watchdog=False, first_chunk_frames=1, chunk_frames=3)
     sizes = [c.num_frames for c in tts.stream("Hi there.", voice=VOICE, options=opts)]
-    assert sizes == [1, 3, 3, 3, 0]
+    assert sizes == [1, 2, 3, 3, 1]
 
 
 def test_stream_equals_synthesize_and_offline_decode():
@@ -107,7 +109,7 @@ def test_stream_equals_synthesize_and_offline_decode():
 
 def test_first_chunk_before_generation_ends():
     tts, backend = make_tts()
-    it = tts.stream("Hello world.", voice=VOICE, options=OPTS)
+    it = tts.stream("Hello world.", voice=VOICE, options=SERIAL)
     first = next(it)
     talks_at_first = sum(1 for e in backend.events if e[0] == "talker")
     assert first.num_frames == 2
@@ -121,7 +123,7 @@ def test_first_chunk_before_generation_ends():
 
 def test_close_stops_generation():
     tts, backend = make_tts()
-    it = tts.stream("Hello world.", voice=VOICE, options=SynthesisOptions(greedy=True, max_frames=500))
+    it = tts.stream("Hello world.", voice=VOICE, options=SynthesisOptions(greedy=True, max_frames=500, pipeline=False))
     next(it)
     n = len(backend.events)
     it.close()
@@ -252,7 +254,8 @@ def test_real_first_chunk_before_generation_ends(real_tts):
     try:
         it = real_tts.stream("Hello.", voice=Voice(np.ones(real_tts.config.talker.hidden_size, np.float32) * 0.1,
                                                    model_size="0b6"),
-                             options=SynthesisOptions(greedy=True, max_frames=20, watchdog=False))
+                             options=SynthesisOptions(greedy=True, max_frames=20, watchdog=False, pipeline=False,
+                                                      first_chunk_frames=2))
         first = next(it)
         at_first = len(calls)
         rest = list(it)

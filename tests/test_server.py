@@ -89,9 +89,9 @@ def test_wav_streams_in_chunks_and_equals_offline(cv):
         assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
         assert r.headers["transfer-encoding"] == "chunked"
         chunks = list(r.iter_raw())
-    # first bytes = WAV header + the first vocoder chunk (2 frames), then 4-frame chunks
+    # first bytes = WAV header + the first vocoder chunk (1 frame), then 2-, 4-, 4-frame chunks
     assert len(chunks) >= 3, [len(c) for c in chunks]
-    assert len(chunks[0]) == 44 + 2 * FRAME_BYTES
+    assert len(chunks[0]) == 44 + 1 * FRAME_BYTES
     data = b"".join(chunks)
     samples = decode(data, "wav")
     assert len(samples) == 12 * 1920 and np.isfinite(samples).all()
@@ -161,7 +161,7 @@ def test_disconnect_cancels_generation(cv, monkeypatch):
     with httpx.stream("POST", cv.url + "/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200
         first = next(r.iter_raw())
-        assert len(first) == 44 + 2 * FRAME_BYTES
+        assert len(first) == 44 + 1 * FRAME_BYTES  # the 1-frame first chunk
     assert wait_for(lambda: metric(cv.url, "qtts_requests_cancelled_total") == before_cancel + 1, 60)
     assert wait_for(lambda: metric(cv.url, "qtts_in_flight") == 0, 60)  # worker thread returned
     assert len(at_cancel) == 1

@@ -3,8 +3,10 @@
 
 ``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
-decoded after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames; the
-vocoder state continues across sentence pieces, so pieces join without a seam. Everything else
+decoded after ``first_chunk_frames`` frames, later chunks double in size up to ``chunk_frames``;
+the vocoder state continues across sentence pieces, so pieces join without a seam. With
+``options.pipeline`` (default) the frames are generated on a worker thread while this thread
+decodes (:mod:`qtts.pipeline`): the same chunks, the same audio. Everything else
 consumes ``stream()``. ``stream_text()`` is the same body over text that is still arriving
 (:mod:`qtts.live`): one talker context across sentences, the same chunking and vocoder stream.
 Every chunk carries the codec frames it was decoded from (``AudioChunk.codes``);
@@ -15,6 +17,7 @@ same frames, voice prime and chunk sizes give the same audio. The parts it runs 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -30,6 +33,7 @@ from .config import CODEBOOK_SIZE, SAMPLE_RATE
 from .errors import InputError
 from .generate import LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
+from .pipeline import closing_frames, stream_chunks
 from .prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
@@ -283,23 +287,21 @@ class TTS:
         vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
         stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
         chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
-        for index, piece in enumerate(pieces):
-            prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
-            budget = options.max_frames or frame_budget(prompt.text_token_count,
-                                                        cap=int(self.config.generation.max_new_tokens))
-            gen = self._generate(prompt, self._loop_params(budget, options, index), mode.xvector)
-            frames = iter(gen)
-            try:
-                for codes in frames:
-                    stats["frames"] += 1
-                    chunk = chunker.push(codes)
-                    if chunk is not None:
-                        yield stamp(chunk, stats, t0)
-            finally:
-                frames.close()
-            stats["finish_reasons"].append(gen.finish_reason)
-            if gen.finish_reason == "cancelled":
-                break
+
+        def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
+            for index, piece in enumerate(pieces):
+                prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
+                budget = options.max_frames or frame_budget(prompt.text_token_count,
+                                                            cap=int(self.config.generation.max_new_tokens))
+                gen = self._generate(prompt, self._loop_params(budget, options, index, cancel), mode.xvector)
+                yield from closing_frames(gen)
+                stats["finish_reasons"].append(gen.finish_reason)
+                if gen.finish_reason == "cancelled":
+                    return
+
+        if self.max_batch > 1:  # the batch engine's thread already generates ahead of this one
+            options = dataclasses.replace(options, pipeline=False)
+        yield from stream_chunks(frames, chunker, stats, t0, options)
         yield finish(chunker, stats, t0)
 
     def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:

@@ -3,11 +3,15 @@
 Method (same for every plan): one prompt (a named speaker on CustomVoice checkpoints, else a
 fixed random x-vector), the checkpoint's sampling defaults, EOS blocked for ``frames`` frames so
 every run generates exactly ``frames`` frames; the loop is :mod:`qtts.generate` and the audio is
-decoded inline, streaming, with the plan's decoder (a first chunk of 2 frames, then 8). Each
-backend call and decoder call is timed; "other" is the loop/sampling/embedding remainder.
+decoded streaming with the plan's decoder on the schedule of :class:`qtts.pipeline.Chunker` (1, 2,
+4, 8, 8, ... frames), pipelined (generation on a worker thread, as ``TTS.stream`` does by default)
+or serial (``BenchOptions.pipeline``). Each backend call and decoder call is timed; "other" is the
+loop/sampling/embedding remainder (serial only: pipelined, the components overlap).
 TTFA is the wall time from the start of the run (prompt embedding included, model loading
-excluded) to the end of the first chunk's decode. RSS is the resident set after a plan's runs
-(several plans share one process; the process peak is in the JSON as ``peak_rss_mb``). Medians over ``repeats`` runs after a warm-up.
+excluded) to the end of the first chunk's decode. Peak RSS per plan is the process's peak
+resident set from just before the plan is loaded to the end of its runs (the peak is reset per
+plan on Linux, ``plan_peak_rss_mb``; it includes the interpreter and libraries loaded so far; the
+whole process's peak is ``peak_rss_mb``). Medians over ``repeats`` runs after a warm-up.
 
 ``--compare-official`` runs the official qwen-tts ``generate`` + ``speech_tokenizer.decode`` on
 the same checkpoint in the same process (same threads, same frame count, EOS id set to a
@@ -16,9 +20,12 @@ suppressed id as in ``../shared/reference/baseline-official-cpu.md``).
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 
@@ -39,9 +46,11 @@ class BenchOptions:
     repeats: int = 3
     #: intra-op threads for every runtime
     threads: int = 2
-    #: streaming decode schedule (frames per decoder call)
-    first_chunk: int = 2
+    #: streaming decode schedule: first chunk, then doubling up to ``chunk`` (qtts.pipeline.Chunker)
+    first_chunk: int = 1
     chunk: int = 8
+    #: generation on a worker thread, vocoder on the caller's (SynthesisOptions.pipeline)
+    pipeline: bool = True
     seed: int = 0
     text: str = TEXT
 
@@ -72,6 +81,29 @@ class _Timed:
 def peak_rss_mb() -> float:
     """Peak resident set of this process so far (MB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set (Linux ``clear_refs`` 5), so that the next
+    :func:`window_peak_rss_mb` is the peak of one plan only; False where the kernel has no such knob."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def window_peak_rss_mb() -> float:
+    """Peak resident set since the last :func:`reset_peak_rss` (``VmHWM``; the process peak elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return peak_rss_mb()
 
 
 def rss_mb() -> float:
@@ -113,37 +145,46 @@ def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
 
 
 def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
+    from .chunking import Chunker
     from .generate import generate
+    from .pipeline import run_ahead
 
     backend = _Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
     decoder = _Timed(parts.vocoder.stream(), ("decode",))
-    pending, n, ttfa, samples = [], 0, None, 0
+    chunker = Chunker(decoder, opts.first_chunk, opts.chunk)  # the schedule TTS.stream uses
+
+    def start(cancel):
+        return iter(generate(backend, prompt, dataclasses.replace(lp, cancel=cancel), speaker))
+
+    n, ttfa, samples = 0, None, 0
     jiffies = _busy_jiffies()
     t0 = time.perf_counter()
-    for codes in generate(backend, prompt, lp, speaker):
-        pending.append(codes)
+    first_decoded = threading.Event()  # as TTS.stream: the first decode gets both cores
+    for codes in run_ahead(start, hold=(opts.first_chunk, first_decoded)) if opts.pipeline else start(None):
         n += 1
-        if len(pending) >= (opts.first_chunk if ttfa is None else opts.chunk):
-            samples += len(decoder.decode(np.asarray(pending, dtype=np.int64)))
-            pending = []
+        chunk = chunker.push(codes)
+        if chunk is not None:
+            first_decoded.set()
+            samples += len(chunk.samples)
             ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
-    if pending:
-        samples += len(decoder.decode(np.asarray(pending, dtype=np.int64)))
+    samples += len(chunker.flush().samples)
     total = time.perf_counter() - t0
     foreign = foreign_cores(jiffies, _busy_jiffies(), total)
     bt, dt = backend.times, decoder.times
     per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
     accounted = sum(bt.values()) + dt.get("decode", 0.0)
+    embeds = sum(bt.get(k, 0.0) for k in ("text_embeds", "codec_embeds", "frame_embeds"))
     return {
         "frames": n, "audio_s": samples / SAMPLE_RATE, "total_s": total, "foreign_cores": foreign, "ttfa_ms": 1000.0 * (ttfa or total),
         "prefill_ms": 1000.0 * bt.get("prefill", 0.0), "talker_ms": per(bt.get("talker", 0.0)),
         "predictor_ms": per(bt.get("predict_frame", 0.0)), "vocoder_ms": per(dt.get("decode", 0.0)),
-        "other_ms": per(total - accounted + sum(bt.get(k, 0.0) for k in ("text_embeds", "codec_embeds", "frame_embeds"))),
+        # two threads overlap: the components then add up to more than the wall time, no remainder
+        "other_ms": None if opts.pipeline else per(total - accounted + embeds),
     }  # fmt: skip
 
 
 def _median(runs: list) -> dict:
-    out = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    out = {k: None if runs[0][k] is None else float(np.median([r[k] for r in runs])) for k in runs[0]}
     out["frames_per_s"] = out["frames"] / out["total_s"]
     out["rtf"] = out["total_s"] / max(out["audio_s"], 1e-9)
     out["runs_total_s"] = [round(r["total_s"], 3) for r in runs]
@@ -157,6 +198,8 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     from .backends import open as open_components
     from .verify import reference_prompt
 
+    gc.collect()  # the previous plan's sessions are gone before this plan's peak is measured
+    reset_peak_rss()
     t0 = time.perf_counter()
     parts = open_components(model, plan=plan, threads=opts.threads)
     prompt, speaker = reference_prompt(parts, opts.text)
@@ -165,8 +208,9 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     lp = _loop_params(parts.config, opts.frames, opts.seed)
     runs = [_one_run(parts, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
     result = _median(runs)
-    result.update(label=label or (str(plan) if plan else "torch fp32"), load_s=load_s)
-    result.update(rss_mb=rss_mb(), peak_rss_mb=peak_rss_mb())
+    mode = f"{parts.config.tts_model_size}, {'pipelined' if opts.pipeline else 'serial'}"  # e.g. "0b6, pipelined"
+    result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
+    result.update(rss_mb=rss_mb(), plan_peak_rss_mb=window_peak_rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()
     return result
 
@@ -227,13 +271,14 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
 
 def table_markdown(results: list, official: dict | None = None) -> str:
     head = ("| plan | talker ms/frame | predictor ms/frame | vocoder ms/frame | other ms/frame | frames/s | RTF "
-            "| TTFA ms | prefill ms | RSS MB | foreign load (cores) |")  # fmt: skip
+            "| TTFA ms | prefill ms | peak RSS MB | foreign load (cores) |")  # fmt: skip
     lines = [head, "|" + "---|" * 11]
     for r in results:
+        other = "–" if r["other_ms"] is None else f"{r['other_ms']:.1f}"
         lines.append(
             f"| {r['label']} | {r['talker_ms']:.1f} | {r['predictor_ms']:.1f} | {r['vocoder_ms']:.1f} | "
-            f"{r['other_ms']:.1f} | {r['frames_per_s']:.2f} | {r['rtf']:.2f} | {r['ttfa_ms']:.0f} | "
-            f"{r['prefill_ms']:.0f} | {r['rss_mb']:.0f} | {r['foreign_cores']:.2f} |"
+            f"{other} | {r['frames_per_s']:.2f} | {r['rtf']:.2f} | {r['ttfa_ms']:.0f} | "
+            f"{r['prefill_ms']:.0f} | {r.get('plan_peak_rss_mb', r['rss_mb']):.0f} | {r['foreign_cores']:.2f} |"
         )
     if official:
         lines.append(
@@ -260,7 +305,7 @@ def plot(results: list, path: str, official: dict | None = None) -> None:
     fig, ax = plt.subplots(figsize=(11, 0.6 * (len(rows) + 1) + 1.5))
     left = np.zeros(len(rows))
     for key, name in parts:
-        vals = np.array([r.get(key, 0.0) for r in rows])
+        vals = np.array([r.get(key) or 0.0 for r in rows])
         ax.barh(labels, vals, left=left, label=name)
         left += vals
     limit = max(float(left.max()), 80.0) * 1.35

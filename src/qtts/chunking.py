@@ -1,7 +1,7 @@
 """Stream shaping shared by :class:`qtts.api.TTS`'s bodies: frames -> chunks -> stamped chunks.
 
 :class:`Chunker` groups frames into vocoder calls (a first chunk of ``first`` frames, then
-``size``); :func:`stamp` adds the timing/length ``info`` of every chunk; :func:`finish` makes the
+doubling up to ``size``); :func:`stamp` adds the timing/length ``info`` of every chunk; :func:`finish` makes the
 final chunk; :func:`collect` joins a stream into one :class:`~qtts.audio.Audio`;
 :func:`with_speed` time-stretches a stream while it flows.
 """
@@ -78,8 +78,20 @@ def stamp(chunk: AudioChunk, stats: dict, t0: float, final: bool = False) -> Aud
     return chunk
 
 
+def chunk_frames_at(index: int, first: int, size: int) -> int:
+    """Frames of chunk ``index``: ``first``, then doubling, capped at ``size`` (``first`` if larger).
+
+    1, 2, 4, 8, 8, ... for the defaults: a 1-frame first chunk keeps time to first audio low, the
+    doubling builds the listener's buffer, and later chunks are as cheap per frame as the vocoder
+    gets (docs/performance.md). It depends on the chunk count only, never on timing.
+    """
+    if index == 0:
+        return first
+    return min(first * 2 ** min(index, 30), max(size, 1))
+
+
 class Chunker:
-    """Groups frames: a first chunk of ``first`` frames, then chunks of ``size`` frames."""
+    """Groups frames by :func:`chunk_frames_at`: ``first`` frames, then doubling up to ``size``."""
 
     def __init__(self, vocoder, first: int, size: int):
         self.vocoder, self.first, self.size = vocoder, first, size
@@ -89,7 +101,7 @@ class Chunker:
 
     def push(self, codes: np.ndarray) -> AudioChunk | None:
         self.pending.append(codes)
-        want = self.first if self.emitted == 0 else self.size
+        want = chunk_frames_at(self.emitted, self.first, self.size)
         return self._emit() if len(self.pending) >= want else None
 
     def flush(self) -> AudioChunk:

@@ -21,6 +21,8 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
 #: speaking-rate bounds (OpenAI's ``speed`` range; qtts.stretch time-stretches the audio)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+#: SynthesisOptions.pipeline default (docs/performance.md has the A/B behind it)
+PIPELINE_DEFAULT = True
 
 
 @dataclass(frozen=True)
@@ -135,10 +137,15 @@ class SynthesisOptions:
     # Text layout: True = whole text in the prefill, False = text fed one token per frame;
     # None = the official wrapper default (False for voice clone, True for CustomVoice/VoiceDesign).
     non_streaming_text: bool | None = None
-    # Frames decoded for the first audio chunk: small = low time-to-first-audio (2 = 160 ms).
-    first_chunk_frames: int = 2
-    # Frames per later chunk: larger = fewer decoder calls, more latency per chunk.
+    # Frames decoded for the first audio chunk: small = low time-to-first-audio (1 = 80 ms of
+    # audio after one generated frame; bundles carry a 1-frame vocoder step for it).
+    first_chunk_frames: int = 1
+    # Largest later chunk: chunk sizes double from first_chunk_frames up to this (1, 2, 4, 8, 8,
+    # ...); larger = fewer, cheaper-per-frame vocoder calls, more latency per chunk.
     chunk_frames: int = 8
+    # Two cores at once: generation on a worker thread, the vocoder on the calling thread one
+    # chunk behind (qtts.pipeline). Same chunks, bit-identical audio; False = one thread does both.
+    pipeline: bool = PIPELINE_DEFAULT
     # Split long text at sentence boundaries; each piece gets its own budget (limits drift).
     split_sentences: bool = True
     # Pieces are at most this many characters when splitting (long prompts drift and run away).

@@ -11,6 +11,7 @@ imported only when a plan names them: an ONNX plan never imports torch.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..errors import InputError
 from ..plan import Plan
 from .base import Backend, Context, Vocoder
 
-__all__ = ["PARTS", "Backend", "Components", "Vocoder", "default_threads", "open"]
+__all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
 
 #: talker hidden sizes below this are test-sized checkpoints (the tiny random ones are 32 / 64)
 TINY_HIDDEN = 256
@@ -88,10 +89,30 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         config=config, tokenizer=TextTokenizer.from_dir(snapshot) if generates else None,
         backend=backend or (_generation(plan, ctx) if generates else None),
         vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
-        speaker_encoder=_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
-        speech_encoder=_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
+        speaker_encoder=_lazy_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
+        speech_encoder=_lazy_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
         plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
     )  # fmt: skip
+
+
+class LazyPart:
+    """A part built on first use: the encoders, which only voice cloning needs (a full-size
+    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/performance.md). Attribute access
+    builds it once (thread-safe) and forwards; plan and artifact errors still surface at load."""
+
+    def __init__(self, build):
+        self._build, self._part, self._lock = build, None, threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._part is None:
+                self._part = self._build()
+        return self._part
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # our own fields before __init__ ran (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.get(), name)
 
 
 def _wanted(parts) -> set:
@@ -133,6 +154,12 @@ def _generation(plan: Plan, ctx: Context) -> Backend:
 def _part(name: str, plan: Plan, ctx: Context):
     spec = plan.get(name)
     return _opener(spec.impl, name)(spec, ctx)
+
+
+def _lazy_part(name: str, plan: Plan, ctx: Context) -> LazyPart:
+    spec = plan.get(name)
+    opener = _opener(spec.impl, name)  # a runtime that cannot run this part fails at load, not at first use
+    return LazyPart(lambda: opener(spec, ctx))
 
 
 def _opener(impl: str, part: str):

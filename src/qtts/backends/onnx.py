@@ -49,11 +49,12 @@ def session_options(threads: int | None = None, spinning: bool = False):
     return so
 
 
-def open_session(path: str, threads: int | None = None, spinning: bool = False):
+def open_session(path: str, threads: int | None = None, spinning: bool = False, options=None):
+    """A CPU session of ``path`` with :func:`session_options` (or the given ``options``)."""
     ort = require("onnxruntime", "onnx", "the onnx backend")
     if not os.path.isfile(path):
         raise InputError(f"ONNX artifact '{path}' not found; re-run 'qtts export onnx' or fix the plan")
-    return ort.InferenceSession(path, session_options(threads, spinning), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, options or session_options(threads, spinning), providers=["CPUExecutionProvider"])
 
 
 class _KVBinding:
@@ -216,12 +217,58 @@ class OnnxSpeechEncoder:
         return np.ascontiguousarray(codes[0].T, dtype=np.int64)
 
 
+class SharedWeights:
+    """The one weight file of a bundle's vocoder steps (``qtts.export.vocoder.share_step_weights``).
+
+    Every tensor is memory-mapped once and handed to every step session as the same buffer
+    (``add_initializer``), with prepacking off in those sessions (prepacking would copy the
+    MatMul and ConvTranspose weights per session): one copy of the weights instead of one per
+    step size. Bundles written before have no index and load as before, one copy per session.
+    """
+
+    INDEX = "vocoder.shared.json"
+
+    def __init__(self, directory: str, index: dict):
+        ort = require("onnxruntime", "onnx", "the onnx backend")
+        data = os.path.join(directory, index["data"])
+        self.graphs = index["graphs"]
+        self.values = {  # OrtValues over the mapping (no copy); they live as long as the vocoder
+            key: ort.OrtValue.ortvalue_from_numpy(np.memmap(data, dtype=np.dtype(t["dtype"]), mode="r",
+                                                            offset=int(t["offset"]), shape=tuple(t["shape"])))
+            for key, t in index["tensors"].items()
+        }  # fmt: skip
+
+    @classmethod
+    def find(cls, paths: list) -> SharedWeights | None:
+        """The index beside the step graphs when it lists all of them, else None (an older bundle)."""
+        directory = os.path.dirname(os.path.abspath(paths[0]))
+        index_path = os.path.join(directory, cls.INDEX)
+        if not os.path.isfile(index_path):
+            return None
+        with open(index_path, encoding="utf-8") as fh:
+            index = json.load(fh)
+        names = [os.path.basename(p) for p in paths]
+        same_dir = all(os.path.dirname(os.path.abspath(p)) == directory for p in paths)
+        return cls(directory, index) if same_dir and all(n in index["graphs"] for n in names) else None
+
+    def options(self, path: str, threads: int | None):
+        so = session_options(threads)
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        for name, key in self.graphs[os.path.basename(path)].items():
+            so.add_initializer(name, self.values[key])
+        return so
+
+
 class OnnxVocoder(StepVocoder):
     """onnxruntime sessions of the ``main`` and optional ``first`` vocoder step graphs (built once)."""
 
     def __init__(self, main: str, first: str | None = None, threads: int | None = None, session_factory=None):
-        make = session_factory or (lambda path: open_session(path, threads))
-        sessions = {p: make(p) for p in [main] + ([first] if first else [])}
+        paths = [main] + ([first] if first else [])
+        self.shared = None if session_factory else SharedWeights.find(paths)
+        shared = self.shared
+        make = session_factory or (
+            lambda path: open_session(path, options=shared.options(path, threads) if shared else session_options(threads)))
+        sessions = {p: make(p) for p in paths}
         contracts = {p: session_contract(s, p) for p, s in sessions.items()}
         self.contract = pair_contracts(contracts, main)
         self.sessions = {contracts[p].codes_length: s for p, s in sessions.items()}

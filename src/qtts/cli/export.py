@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -75,8 +76,8 @@ def _export_onnx_arguments(p) -> None:
                    help="frame: 15 steps + sampling fused in one graph (fastest); step: one graph run per code")
     p.add_argument("--components", nargs="+", type=_component, default=list(COMPONENTS), metavar="NAME",
                    help=f"what to export: {', '.join(COMPONENTS)} (default all)")
-    p.add_argument("--first-chunk-frames", type=number(lo=0), default=2, metavar="B",
-                   help="frames per call of the vocoder step for the first chunk (default 2; 0: none)")
+    p.add_argument("--first-chunk-frames", type=number(lo=0), default=1, metavar="B",
+                   help="frames per call of the vocoder step for the first chunk (default 1; 0: none)")
     p.add_argument("--chunk-frames", type=number(lo=0), default=8, metavar="B",
                    help="frames per call of the main vocoder step (default 8; 0: no vocoder)")
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
@@ -261,6 +262,8 @@ def _bench_arguments(p) -> None:
     p.add_argument("--frames", type=number(lo=4), metavar="N", default=64, help="frames per run, EOS blocked (default 64 = 5.1 s)")
     p.add_argument("--repeats", type=number(lo=1), default=3, help="measured runs per plan (medians; default 3)")
     p.add_argument("--threads", type=number(lo=1), default=2, help="intra-op CPU threads for every runtime (default 2)")
+    p.add_argument("--pipeline", choices=("on", "off", "both"), default="on",
+                   help="generation on a second thread (on, the library default), one thread (off), or each plan both ways")
     p.add_argument("--compare-official", action="store_true", help="also run the official qwen-tts fp32")
     p.add_argument("--plot", help="write a PNG of per-component time per plan")
     p.add_argument("--json", help="write all results to this JSON file")
@@ -290,11 +293,16 @@ def run_bench(args) -> int:
     if args.concurrency:
         return _run_concurrency(args)
     opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.pipeline]
     results = []
     for plan in args.plan or ["torch"]:
         label = "torch fp32" if plan == "torch" else _label(plan)
-        results.append(bench_plan(args.model, None if plan == "torch" else plan, opts, label=label))
-        print(f"{label}: RTF {results[-1]['rtf']:.2f}, TTFA {results[-1]['ttfa_ms']:.0f} ms", flush=True)
+        for pipeline in modes:
+            results.append(bench_plan(args.model, None if plan == "torch" else plan,
+                                      dataclasses.replace(opts, pipeline=pipeline), label=label))  # fmt: skip
+            r = results[-1]
+            print(f"{r['label']}: RTF {r['rtf']:.2f}, TTFA {r['ttfa_ms']:.0f} ms, peak RSS {r['plan_peak_rss_mb']:.0f} MB",
+                  flush=True)  # fmt: skip
     official = bench_official(args.model, opts) if args.compare_official else None
     print(table_markdown(results, official))
     if args.plot:

@@ -53,6 +53,8 @@ def register(sub) -> None:
     _speed_argument(p)
     _sampling_arguments(p)
     _chunk_arguments(p)
+    p.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                   help="generate and decode on one thread (default: generation on a second thread)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
     _register_decode(sub)
 
@@ -93,9 +95,10 @@ def _speed_argument(p) -> None:
 
 def _chunk_arguments(p, title: str = "streaming") -> None:
     c = p.add_argument_group(title)
-    c.add_argument("--first-chunk-frames", type=number(lo=1), default=2, metavar="N",
-                   help="frames in the first audio chunk (default 2)")
-    c.add_argument("--chunk-frames", type=number(lo=1), default=8, metavar="N", help="frames per later chunk (default 8)")
+    c.add_argument("--first-chunk-frames", type=number(lo=1), default=1, metavar="N",
+                   help="frames in the first audio chunk (default 1)")
+    c.add_argument("--chunk-frames", type=number(lo=1), default=8, metavar="N",
+                   help="largest later chunk; sizes double up to it (default 8)")
     hidden_alias(c, "--first-chunk", dest="first_chunk_frames", type=number(lo=1))
     hidden_alias(c, "--chunk", dest="chunk_frames", type=number(lo=1))
 
@@ -158,7 +161,7 @@ def build_options(args):
         talker=talker, seed=args.seed, greedy=args.greedy, max_frames=args.max_frames,
         non_streaming_text=args.non_streaming_text, split_sentences=not args.no_split,
         watchdog=not args.no_watchdog, first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-        speed=args.speed,
+        speed=args.speed, pipeline=getattr(args, "pipeline", True),
     )
 
 
@@ -255,7 +258,7 @@ def _register_decode(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the "
                    "format (.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     _speed_argument(p)
-    _chunk_arguments(p, "streaming (the sizes say used, default 2 and 8, give exactly its audio)")
+    _chunk_arguments(p, "streaming (the sizes say used, default 1 and 8, give exactly its audio)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
 
 

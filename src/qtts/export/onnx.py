@@ -47,8 +47,9 @@ class ExportOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     #: predictor graph flavour ("frame": fused 15 steps with in-graph sampling; "step": per step)
     predictor_mode: str = "frame"
-    #: vocoder steps (codes per call) for the "first" and "main" artifacts; 0 skips the vocoder
-    vocoder_first: int = 2
+    #: vocoder steps (codes per call) for the "first" and "main" artifacts; 0 skips the vocoder.
+    #: first = 1: the 1-frame first chunk of SynthesisOptions (lowest time to first audio)
+    vocoder_first: int = 1
     vocoder_main: int = 8
     #: export only these components (default: all)
     components: tuple = COMPONENTS
@@ -318,8 +319,8 @@ def borrowed_vocoder(bundle: str, out: str) -> dict:
 
 
 def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
-    """The streaming vocoder step for the first and main chunk sizes."""
-    from .vocoder import export_vocoder_onnx
+    """The streaming vocoder steps for the first and main chunk sizes, sharing one weight file."""
+    from .vocoder import export_vocoder_onnx, share_step_weights
 
     artifacts, meta = {}, {}
     for key, b in (("first", opts.vocoder_first), ("main", opts.vocoder_main)):
@@ -329,4 +330,5 @@ def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, 
         info = export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, name))
         artifacts[key] = name
         meta[key] = {k: info[k] for k in ("codes_length", "cache_size", "head_dim", "nodes") if k in info}
+    share_step_weights(out, sorted(set(artifacts.values())))
     return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta

@@ -11,14 +11,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from collections import Counter
 
 import numpy as np
 
 from ..backends.step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
+from ..bundle import write_json
 from ..errors import InputError, QttsError, require
+from ..files import publish, temp_beside
 from .write import export_single_file
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,64 @@ def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
                   head_dim=contract.head_dim)  # fmt: skip
     log.info("exported %s: %d nodes, risky ops %s", out, report["nodes"], report["risky_ops"] or "none")
     return report
+
+
+#: the weight file the bundle's vocoder steps share, and its index (read by backends/onnx.py)
+SHARED_DATA, SHARED_INDEX = "vocoder.data", "vocoder.shared.json"
+_ALIGN = 4096  # page-aligned tensors: every one can be memory-mapped on its own
+
+
+def _weight_tensors(model):
+    """Initializers and Constant-node tensors (the codebooks are folded into Constants) of >= 1 KB."""
+    onnx = require("onnx", "export", "ONNX export")
+    for init in model.graph.initializer:
+        yield init, True
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t, False
+
+
+def share_step_weights(directory: str, names: list[str]) -> dict:
+    """Move the weights of the step graphs ``names`` (files in ``directory``) into ONE file.
+
+    Identical tensors (same type, shape and bytes) of different step sizes get one copy in
+    :data:`SHARED_DATA`; each graph points at it as ONNX external data. :data:`SHARED_INDEX`
+    maps every graph's initializer names to (dtype, shape, offset), so a runtime can map each
+    tensor once and hand the same buffer to every step session (docs/performance.md, RSS).
+    Returns the index. Deterministic: the same graphs give the same bytes.
+    """
+    onnx = require("onnx", "export", "ONNX export")
+    from onnx import external_data_helper
+
+    tensors: dict[str, dict] = {}
+    graphs: dict[str, dict] = {}
+    tmp = temp_beside(os.path.join(directory, SHARED_DATA), ".tmp")
+    with open(tmp, "wb") as data:
+        for name in names:
+            path = os.path.join(directory, name)
+            model = onnx.load(path)
+            graphs[name] = {}
+            for t, is_init in _weight_tensors(model):
+                if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) < 1024:
+                    continue
+                key = hashlib.sha256(t.raw_data + repr((t.data_type, tuple(t.dims))).encode()).hexdigest()[:24]
+                if key not in tensors:
+                    data.write(b"\0" * (-data.tell() % _ALIGN))
+                    tensors[key] = {"dtype": onnx.helper.tensor_dtype_to_np_dtype(t.data_type).str,
+                                    "shape": list(t.dims), "offset": data.tell(), "length": len(t.raw_data)}  # fmt: skip
+                    data.write(t.raw_data)
+                info = tensors[key]
+                external_data_helper.set_external_data(t, SHARED_DATA, info["offset"], info["length"])
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+                if is_init:
+                    graphs[name][t.name] = key
+            onnx.save(model, path)
+    publish(tmp, os.path.join(directory, SHARED_DATA))
+    index = {"data": SHARED_DATA, "tensors": tensors, "graphs": graphs}
+    write_json(os.path.join(directory, SHARED_INDEX), index)  # temp file + rename
+    return index
 
 
 def _producers(graph) -> dict:
