@@ -88,7 +88,7 @@ def test_closing_one_stream_leaves_the_others_and_frees_its_row(parts):
 
     try:
         got = _threads(consume, 3)
-        assert stop.is_set() and got[2].num_frames == 2
+        assert stop.is_set() and got[2].num_frames == SynthesisOptions().first_chunk_frames
         for a, b in zip(ref, got[:2]):
             np.testing.assert_array_equal(a.samples, b.samples)
         engine = tts.batch
@@ -106,7 +106,7 @@ def test_close_ends_running_streams_and_is_idempotent(parts):
     xv = voices(parts.config)[0]
     stream = tts.stream(TEXTS[1], voice=xv, options=SynthesisOptions(greedy=True, max_frames=200))
     first = next(stream)
-    assert first.num_frames == 2
+    assert first.num_frames == SynthesisOptions().first_chunk_frames
     tts.close()
     tts.close()
     rest = list(stream)

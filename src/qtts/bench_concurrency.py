@@ -52,8 +52,8 @@ def _bench_tts(parts):
     from .api import TTS
 
     class BenchTTS(TTS):
-        def _loop_params(self, num_ids, options, index):
-            lp = super()._loop_params(num_ids, options, index)
+        def _loop_params(self, max_frames, options, index, cancel=None):
+            lp = super()._loop_params(max_frames, options, index, cancel)
             return dataclasses.replace(lp, min_frames=lp.max_frames, watchdog=None)
 
     return BenchTTS(parts)
