@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
     p.add_argument("--max-frames", type=int, default=12, help="frames per request (default 12 = 0.96 s)")
     p.add_argument("--workers", type=int, default=2, help="server engines/worker slots (default 2)")
+    p.add_argument("--max-batch", type=int, default=1,
+                   help="> 1: one batched engine serving this many streams at once instead of --workers engines")
     p.add_argument("--warmup", type=float, default=0.2,
                    help="fraction of the run's wall time before the RSS baseline (default 0.2)")
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
@@ -76,11 +78,17 @@ def start_local(args):
         out = os.path.join(tempfile.mkdtemp(prefix="qtts-soak-"), "tiny-cv")
         model = write_random_checkpoint(out, size="tiny", kind="custom_voice", layout="0.6b", seed=0,
                                         tokenizer_dir=tok if os.path.isdir(tok) else None)
-    engines = [qtts.load(model, threads=1) for _ in range(args.workers)]
-    settings = ServerSettings(max_concurrency=args.workers, max_queue=4 * args.streams,
-                              max_frames=args.max_frames, chunk_frames=4, access_log=False)
+    if args.max_batch > 1:
+        engines = qtts.load(model, threads=1, max_batch=args.max_batch)
+        slots = {"max_batch": args.max_batch}
+    else:
+        engines = [qtts.load(model, threads=1) for _ in range(args.workers)]
+        slots = {"max_concurrency": args.workers}
+    settings = ServerSettings(max_queue=4 * args.streams, max_frames=args.max_frames, chunk_frames=4,
+                              access_log=False, **slots)
     srv = ServerThread(create_app(engines, settings)).start()
-    return srv.url, srv.stop, engines[0].speakers
+    one = engines if args.max_batch > 1 else engines[0]
+    return srv.url, srv.stop, one.speakers
 
 
 class Soak:
@@ -187,6 +195,13 @@ def run(args) -> dict:
     health = httpx.get(url + "/health").json()
     if health.get("in_flight") or health.get("queue_depth"):
         soak.record("errors", f"after the run: in_flight={health.get('in_flight')} queue={health.get('queue_depth')}")
+    for _ in range(50):  # a batched engine drops a closed stream at its next step
+        if not health.get("batch_active") and not health.get("batch_waiting"):
+            break
+        time.sleep(0.1)
+        health = httpx.get(url + "/health").json()
+    else:
+        soak.record("errors", f"after the run the batch still holds {health.get('batch_active')} stream(s)")
     stop_server()
     after = [rss for t, rss in samples if t >= args.warmup * wall]
     baseline = after[0] if after else (samples[0][1] if samples else None)

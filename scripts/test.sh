@@ -10,7 +10,7 @@ fi
 VPY=.venv/bin/python
 $VPY -m pip install -q -U pip wheel
 $VPY -m pip install -q torch==2.13.0            # local CPU wheel on the project machines
-$VPY -m pip install -q -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer]"
+$VPY -m pip install -q -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer,ray]"
 # The web-page test drives Debian's Chromium through Playwright (never 'playwright install').
 if ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

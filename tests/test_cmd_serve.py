@@ -22,12 +22,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_subprocess(tiny_snapshot, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--max-batch", "3"]], ids=["engines", "batched"])
+def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "qtts", "serve", "--model", tiny_snapshot(kind="custom_voice"), "--port",
            str(port), "--voices", str(tmp_path / "voices"), "--max-frames", "4", "--threads", "1",
-           "--header-timeout", "1.5"]
+           "--header-timeout", "1.5", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         statuses = []
@@ -46,6 +47,8 @@ def test_serve_subprocess(tiny_snapshot, tmp_path):
         r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "vivian", "response_format": "pcm"},
                        timeout=60)
         assert r.status_code == 200 and len(r.content) == 4 * 3840
+        health = httpx.get(url + "/health", timeout=5).json()
+        assert health["max_batch"] == (3 if extra else 1) and health["max_concurrency"] == (3 if extra else 1)
         # --header-timeout reaches uvicorn: a silent connection gets 408 and is closed
         with socket.create_connection(("127.0.0.1", port), timeout=15) as silent:
             assert silent.recv(4096).startswith(b"HTTP/1.1 408 ")
@@ -66,7 +69,11 @@ def test_serve_subprocess(tiny_snapshot, tmp_path):
                                   ["serve", "--model", "m", "--max-concurrency", "0"],
                                   ["serve", "--model", "m", "--header-timeout", "0"],
                                   ["serve", "--model", "m", "--body-timeout", "-1"],
-                                  ["serve", "--model", "m", "--max-connections", "0"]])
+                                  ["serve", "--model", "m", "--max-connections", "0"],
+                                  ["serve", "--model", "m", "--max-batch", "0"],
+                                  ["serve", "--model", "m", "--max-batch", "2", "--max-concurrency", "2"],
+                                  ["serve", "--model", "m", "--ray", "--max-concurrency", "2"],
+                                  ["serve", "--model", "m", "--ray", "--autoscale", "many"]])
 def test_serve_rejects_bad_flags(argv, capsys):
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err

@@ -34,6 +34,19 @@ def test_quick_soak(tiny_snapshot, tmp_path):
     assert len(report["rss_mb"]) >= 2
 
 
+def test_quick_soak_one_batched_engine(tiny_snapshot, tmp_path):
+    """The same mix through one engine that batches 4 streams: no errors, no RSS growth."""
+    soak = _soak_module()
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--max-requests", "24", "--duration", "120",
+                    "--streams", "8", "--max-frames", "4", "--max-batch", "4", "--sample-every", "1",
+                    "--warmup", "0.3", "--rss-bound-mb", "100", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    assert report["requests"] == 24 and report["errors"] == 0
+    assert (report["ok"], report["disconnected"], report["rejected_as_expected"]) == (17, 4, 3)
+
+
 def test_soak_refuses_remote_hosts():
     soak = _soak_module()
     for url in ("http://10.0.0.5:8000", "http://example.com", "http://0.0.0.0:8000"):

@@ -17,8 +17,10 @@ same frames, voice prime and chunk sizes give the same audio. The parts it runs 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -39,23 +41,34 @@ log = logging.getLogger(__name__)
 
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
-         parts=None) -> TTS:
+         parts=None, max_batch: int = 1) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
 
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
     builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
+    ``max_batch`` > 1: concurrent :meth:`TTS.stream` / :meth:`TTS.stream_text` calls share one
+    batched generation loop (:mod:`qtts.batching`).
     """
     from .backends import open as open_components
 
-    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, parts=parts))
+    return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, parts=parts,
+                               max_batch=max_batch))  # fmt: skip
 
 
 class TTS:
-    """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`."""
+    """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`.
 
-    def __init__(self, components):
+    With ``max_batch`` > 1 (default: ``components.max_batch``) every :meth:`stream` call, from any
+    thread, joins one :class:`~qtts.batching.BatchEngine` that steps all active streams together;
+    each call's vocoder still runs on the calling thread.
+    """
+
+    def __init__(self, components, max_batch: int | None = None):
         self.components = components
         self.config = components.config
+        self.max_batch = int(max_batch or getattr(components, "max_batch", 1) or 1)
+        self._batch = None
+        self._batch_lock = threading.Lock()
         self._codec: str | None = None
 
     # -- facts ---------------------------------------------------------------------------------
@@ -93,10 +106,30 @@ class TTS:
     def thread_safe(self) -> bool:
         """True when concurrent ``stream()`` calls from several threads are safe on this object.
 
-        Per-call state (talker KV, vocoder state, random generator) lives in each call; the
-        backend decides the rest by declaring ``thread_safe = True`` (the torch backend does).
+        Always with ``max_batch`` > 1 (one engine thread drives the backend). Otherwise per-call
+        state (talker KV, vocoder state, random generator) lives in each call and the backend
+        decides the rest by declaring ``thread_safe = True`` (the torch backend does).
         """
-        return self.components.thread_safe
+        return self.max_batch > 1 or self.components.thread_safe
+
+    @property
+    def batch(self):
+        """The shared :class:`~qtts.batching.BatchEngine` (started on first use), or None when ``max_batch`` is 1."""
+        if self.max_batch <= 1:
+            return None
+        with self._batch_lock:
+            if self._batch is None:
+                from .batching import BatchEngine
+
+                self._batch = BatchEngine(self.components.backend, self.max_batch)
+            return self._batch
+
+    def close(self) -> None:
+        """Stop the batch engine's thread (running streams end 'cancelled'); idempotent."""
+        with self._batch_lock:
+            engine, self._batch = self._batch, None
+        if engine is not None:
+            engine.close()
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,
@@ -240,6 +273,14 @@ class TTS:
             watchdog=WatchdogParams() if options.watchdog else None, cancel=cancel or options.cancel,
         )  # fmt: skip
 
+    def _generate(self, prompt, params: LoopParams, speaker, text=None):
+        """Frames of one prompt (``text``: a live text source): a :class:`~qtts.generate.Generation`,
+        or a stream of the shared batch."""
+        batch = self.batch
+        if batch is None:
+            return generate(self.components.backend, prompt, params, speaker=speaker, text=text)
+        return batch.submit(prompt, params, speaker, text=text)
+
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
         parts = self.components
         t0 = time.perf_counter()
@@ -252,13 +293,14 @@ class TTS:
                 prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
                 budget = options.max_frames or frame_budget(prompt.text_token_count,
                                                             cap=int(self.config.generation.max_new_tokens))
-                gen = generate(parts.backend, prompt, self._loop_params(budget, options, index, cancel),
-                               speaker=mode.xvector)  # fmt: skip
+                gen = self._generate(prompt, self._loop_params(budget, options, index, cancel), mode.xvector)
                 yield from closing_frames(gen)
                 stats["finish_reasons"].append(gen.finish_reason)
                 if gen.finish_reason == "cancelled":
                     return
 
+        if self.max_batch > 1:  # the batch engine's thread already generates ahead of this one
+            options = dataclasses.replace(options, pipeline=False)
         yield from stream_chunks(frames, chunker, stats, t0, options)
         yield finish(chunker, stats, t0)
 
@@ -282,7 +324,7 @@ class TTS:
             while (ctx := feed.next_context(stream, parts.backend, max_tokens, budget, cancel)) is not None:
                 prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
                 lp = self._loop_params(cap, options, stats["pieces"], cancel)
-                gen = generate(parts.backend, prompt, lp, speaker=mode.xvector, text=ctx)
+                gen = self._generate(prompt, lp, mode.xvector, text=ctx)
                 yield from live_frames(gen, chunker, stats, t0)
                 ctx.end(gen.finish_reason)
                 stats["pieces"] += 1

@@ -13,7 +13,9 @@ One loop of small phase functions, like gpt-fast's ``generate.py``:
 Everything one generation carries between frames is in a :class:`StreamState`, and each phase is
 a function over it (:func:`prefill`, :func:`next_code0`, :func:`stop_reason`, :func:`predict`,
 :func:`advance`), so a scheduler can step several streams itself; :class:`Generation` is the
-one-stream loop over them.
+one-stream loop over them. :func:`predict_rows` / :func:`advance_rows` are the same phases for a
+list of streams (one batched backend call each), :func:`ready` says whether a stream can take its
+next talker step, :func:`release` returns its KV state; :mod:`qtts.batching` drives them.
 
 Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
 :class:`qtts.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
@@ -261,6 +263,42 @@ def advance(backend, state: StreamState, codes: np.ndarray) -> None:
     state.pos += 1
 
 
+# ----------------------------------------------------------------------------- many streams
+def predict_rows(backend, states: list, code0s: list, lps: list, uniforms: list) -> list:
+    """:func:`predict` for several streams in one batched predictor frame (``backend.predict_frames``;
+    a backend without it runs ``predict_frame`` per stream)."""
+    for state, code0 in zip(states, code0s):
+        state.history.append(int(code0))
+    hidden = np.stack([s.hidden for s in states]).astype(np.float32)
+    code0 = np.asarray(code0s, dtype=np.int64)
+    params = [lp.predictor for lp in lps]
+    if hasattr(backend, "predict_frames"):
+        rest = backend.predict_frames(hidden, code0, params, np.stack(uniforms))
+    else:
+        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, params, uniforms)]
+    return [np.concatenate([[c], np.asarray(r, dtype=np.int64)]).astype(np.int64) for c, r in zip(code0, rest)]
+
+
+def advance_rows(backend, states: list, frames: list) -> None:
+    """:func:`advance` for several streams: one batched talker step, each stream at its own position
+    with its own KV state (``backend.talker_rows``; a backend without it steps them one by one)."""
+    if not hasattr(backend, "talker_rows"):
+        for state, codes in zip(states, frames):
+            advance(backend, state, codes)
+        return
+    x = backend.frame_embeds(np.stack(frames)) + np.stack([text_vector(s) for s in states])
+    logits, hidden, kvs = backend.talker_rows(x.astype(np.float32), [s.pos for s in states], [s.kv for s in states])
+    for i, state in enumerate(states):
+        state.logits, state.hidden, state.kv = logits[i], hidden[i], kvs[i]
+        state.pos += 1
+
+
+def release(backend, state: StreamState | None) -> None:
+    """Give the stream's talker state back to the backend (a batched backend reuses its KV rows)."""
+    if state is not None and hasattr(backend, "release"):
+        backend.release(state.kv)
+
+
 class Generation:
     """One generation: iterate to get frames (np.int64 [16]); then read ``finish_reason``.
 
@@ -283,8 +321,14 @@ class Generation:
         return self.state is not None and not ready(self.state)
 
     def _frames(self) -> Iterator[np.ndarray]:
+        self.state = state = prefill(self.backend, self.prompt, self.params, self.speaker, self.text)
+        try:
+            yield from self._loop(state)
+        finally:
+            release(self.backend, state)
+
+    def _loop(self, state: StreamState) -> Iterator[np.ndarray]:
         be, lp = self.backend, self.params
-        self.state = state = prefill(be, self.prompt, lp, self.speaker, self.text)
         while True:
             if lp.cancel is not None and lp.cancel.is_set():
                 self.finish_reason = "cancelled"

@@ -51,6 +51,8 @@ class Components:
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
+    #: streams stepped together by one engine (qtts.batching); 1 = one generation per call, no thread
+    max_batch: int = 1
     snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
 
     @property
@@ -60,13 +62,14 @@ class Components:
 
 
 def open(model: str, plan=None, dtype: str = "float32", threads: int | None = None,  # noqa: A001
-         backend: Backend | None = None, parts=None) -> Components:
+         backend: Backend | None = None, parts=None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
     ``plan``: None, a path, a dict or a :class:`~qtts.plan.Plan`; ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
-    of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker).
+    of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
+    ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
     from ..bundle import check_plan_source
     from ..frontend import TextTokenizer
@@ -77,7 +80,9 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     config = ModelConfig.from_dir(snapshot)
     plan = load_plan(plan)
     check_plan_source(plan, snapshot)
-    ctx = Context(snapshot, config, dtype, threads or default_threads(config))
+    if int(max_batch) < 1:
+        raise InputError(f"max_batch must be >= 1, got {max_batch}")
+    ctx = Context(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
     return Components(
@@ -86,7 +91,7 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
         speaker_encoder=_lazy_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
         speech_encoder=_lazy_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
-        plan=plan, threads=ctx.threads, snapshot=snapshot,
+        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
     )  # fmt: skip
 
 
@@ -138,7 +143,12 @@ def _generation(plan: Plan, ctx: Context) -> Backend:
             f"the plan mixes runtimes for talker and predictor ({', '.join(sorted(impls))}); "
             "use the same impl for both"
         )
-    return _opener(impls.pop(), "generation")(talker, predictor, ctx)
+    impl = impls.pop()
+    if impl == "onnx" and ctx.max_batch > 1:  # a batched engine: the bundle's batch graphs
+        from .onnx_batch import open_generation
+
+        return open_generation(talker, predictor, ctx)
+    return _opener(impl, "generation")(talker, predictor, ctx)
 
 
 def _part(name: str, plan: Plan, ctx: Context):

@@ -79,6 +79,8 @@ class Context:
     threads: int | None = None  # intra-op threads for every runtime
     #: parts already loaded (e.g. torch modules by checkpoint component), so each loads once
     cache: dict = field(default_factory=dict)
+    #: streams one engine steps together (qtts.batching); an onnx plan then opens its batch graphs
+    max_batch: int = 1
 
 
 def run_predictor_steps(step_logits, code0: int, params: Any, uniforms: np.ndarray) -> np.ndarray:
@@ -98,4 +100,20 @@ def run_predictor_steps(step_logits, code0: int, params: Any, uniforms: np.ndarr
     for j in range(PREDICTOR_STEPS):
         code = pick_predictor_code(step_logits(j, code), params, float(uniforms[j]))
         codes[j] = code
+    return codes
+
+
+def run_predictor_rows(step_logits, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
+    """:func:`run_predictor_steps` for ``B`` streams at once: ``step_logits(j, codes [B])`` returns
+    logits ``[B, 2048]``; each row is sampled with its own params and uniforms -> codes ``[B, 15]``."""
+    from ..generate import pick_predictor_code
+
+    rows = len(code0)
+    codes = np.zeros((rows, PREDICTOR_STEPS), dtype=np.int64)
+    prev = np.asarray(code0, dtype=np.int64)
+    for j in range(PREDICTOR_STEPS):
+        logits = step_logits(j, prev)
+        for b in range(rows):
+            codes[b, j] = pick_predictor_code(logits[b], params[b], float(uniforms[b, j]))
+        prev = codes[:, j]
     return codes

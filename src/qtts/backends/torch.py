@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from ..errors import InputError, require
-from .base import Context, run_predictor_steps
+from .base import Context, run_predictor_rows, run_predictor_steps
 from .step import StepContract, StepVocoder, check_codes, rope_freqs
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,35 @@ class TorchBackend:
             codes = run_predictor_steps(step_logits, code0, params, uniforms)
         self._local.cache = cache
         return codes
+
+
+    # -- many streams (a scheduler's batch step) ---------------------------------------------
+    def talker_rows(self, embeds: np.ndarray, positions: list, states: list):
+        """One talker step for ``B`` streams, each at its own position with its own cache."""
+        torch = self._torch
+        x = torch.as_tensor(np.asarray(embeds, dtype=np.float32), device=self.device)[:, None]
+        with torch.inference_mode():
+            logits, hidden = self.talker_module.forward_rows(x.to(self.dtype), [int(p) for p in positions], states)
+            return self._out(logits[:, -1]), self._out(hidden[:, -1]), states
+
+    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
+        """The predictor's 15 codes for ``B`` streams in one batched frame -> ``[B, 15]``."""
+        torch = self._torch
+        h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
+        cache = self.predictor.new_cache(17, batch=len(code0))
+
+        def step_logits(j: int, codes: np.ndarray) -> np.ndarray:
+            nonlocal cache
+            ids = self._ids(codes)[:, None]  # [B, 1]
+            if j == 0:
+                x, pos = torch.cat([h[:, None], self.talker_module.embed_codec(ids)], dim=1), 0
+            else:
+                x, pos = self.predictor.embed(j - 1, ids), j + 1
+            out, cache = self.predictor(x, pos, cache)
+            return self._out(self.predictor.head(j, out[:, -1]))
+
+        with torch.inference_mode():
+            return run_predictor_rows(step_logits, code0, params, uniforms)
 
 
 # ----------------------------------------------------------------------------- vocoder

@@ -81,6 +81,8 @@ def _export_onnx_arguments(p) -> None:
     p.add_argument("--chunk-frames", type=number(lo=0), default=8, metavar="B",
                    help="frames per call of the main vocoder step (default 8; 0: no vocoder)")
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
+    p.add_argument("--no-batch-graphs", action="store_true", help="skip the batch graphs a batched engine runs "
+                   "(qtts serve --max-batch); such a bundle steps concurrent streams one by one")
     hidden_alias(p, "--vocoder-first", dest="first_chunk_frames", type=number(lo=0))
     hidden_alias(p, "--vocoder-main", dest="chunk_frames", type=number(lo=0))
     hidden_alias(p, "--speech-decoder-from", dest="vocoder_from")
@@ -94,7 +96,7 @@ def run_export_onnx(args) -> int:
         talker=args.talker_weights or args.weights, predictor=args.predictor_weights or args.weights,
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
-        vocoder_from=args.vocoder_from,
+        vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)
@@ -265,6 +267,20 @@ def _bench_arguments(p) -> None:
     p.add_argument("--compare-official", action="store_true", help="also run the official qwen-tts fp32")
     p.add_argument("--plot", help="write a PNG of per-component time per plan")
     p.add_argument("--json", help="write all results to this JSON file")
+    p.add_argument("--concurrency", type=_levels, metavar="K,K,...",
+                   help="concurrent streams per level (e.g. 1,2,4,8): one batched engine vs K engines, "
+                   "aggregate audio s/s, per-stream RTF and TTFA p50/p95 (--frames per stream, --repeats rounds)")
+    p.add_argument("--no-engines", action="store_true", help="with --concurrency: skip the K-engine rounds")
+
+
+def _levels(text: str) -> tuple:
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1 or max(levels) > 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: give stream counts 1..64 separated by commas, e.g. 1,2,4,8")
+    return levels
 
 
 def run_bench(args) -> int:
@@ -274,6 +290,8 @@ def run_bench(args) -> int:
         check_file(args.plot, "--plot", suffixes=(".png",))
     if args.json:
         check_file(args.json, "--json")
+    if args.concurrency:
+        return _run_concurrency(args)
     opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.pipeline]
     results = []
@@ -293,6 +311,26 @@ def run_bench(args) -> int:
         from ..bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
+    return 0
+
+
+def _run_concurrency(args) -> int:
+    from ..bench_concurrency import ConcurrencyOptions, bench_concurrency, table_markdown
+
+    if args.compare_official or args.plot:
+        raise InputError("--concurrency takes neither --compare-official nor --plot")
+    opts = ConcurrencyOptions(levels=args.concurrency, frames=args.frames, repeats=args.repeats, threads=args.threads,
+                              engines=not args.no_engines)  # fmt: skip
+    rows = []
+    for plan in args.plan or ["torch"]:
+        label = "torch fp32" if plan == "torch" else _label(plan)
+        rows += bench_concurrency(args.model, None if plan == "torch" else plan, opts, label=label)
+        print(f"{label}: done", flush=True)
+    print(table_markdown(rows))
+    if args.json:
+        from ..bundle import write_json  # temp file + rename
+
+        write_json(args.json, {"options": {**vars(opts), "levels": list(opts.levels)}, "concurrency": rows})
     return 0
 
 

@@ -21,6 +21,18 @@ def register(sub) -> None:
                    "without it uploads are disabled")
     p.add_argument("--max-concurrency", type=number(lo=1), default=1, metavar="K",
                    help="generations at once; loads K engine copies (K x model memory), default 1")
+    p.add_argument("--max-batch", type=number(lo=1), metavar="N",
+                   help="one engine steps up to N generations together (one copy of the weights); "
+                   "instead of --max-concurrency (default 1; 8 per replica with --ray)")
+    ray = p.add_argument_group("Ray Serve scale-out (extra 'ray')")
+    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas of one batched "
+                     "engine each behind Ray's HTTP proxy on --host/--port")
+    ray.add_argument("--address", help="Ray cluster to join ('auto': the one `ray start --head` started here; "
+                     "default: start a local one for this command)")
+    ray.add_argument("--replicas", type=number(lo=1), default=1, help="replicas (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale between MIN and MAX replicas instead")
+    ray.add_argument("--replica-cpus", type=number(float, above=0), default=1.0,
+                     help="CPUs Ray reserves per replica (default 1)")
     p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
                    help="requests waiting for a worker before 429 (default 8)")
     p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
@@ -55,6 +67,7 @@ def _settings(args):
 
     return ServerSettings(
         host=args.host, port=args.port, voices_dir=args.voices, max_concurrency=args.max_concurrency,
+        max_batch=args.max_batch or 1,
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
         default_response_format=args.default_format, model_id=args.model_id or args.model,
@@ -71,16 +84,20 @@ def _load_engines(args, state) -> None:
 
     import qtts
 
-    k = args.max_concurrency
-    threads = args.threads or max(1, (os.cpu_count() or 1) // k)
+    k, batch = args.max_concurrency, args.max_batch or 1
+    threads = args.threads or (None if batch > 1 else max(1, (os.cpu_count() or 1) // k))
     try:
-        engines = [qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+        if batch > 1:  # one engine, one copy of the weights, every slot shares its batch
+            engines = qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads, max_batch=batch)
+        else:
+            engines = [qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads) for _ in range(k)]
     except Exception as exc:  # reported by /health; the process keeps serving 503s
         log.exception("loading %s failed", args.model)
         state.set_load_error(f"{type(exc).__name__}: {exc}")
         return
     state.set_engine(engines)
-    log.warning("qtts: model %s loaded (%d engine(s)); ready", args.model, k)
+    what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
+    log.warning("qtts: model %s loaded (%s); ready", args.model, what)
 
 
 def _check_host(host: str) -> None:
@@ -120,12 +137,39 @@ def run(args) -> int:
     _check_host(args.host)
     settings = _settings(args)
     _access_log()
+    if args.ray:
+        return _run_ray(args, settings)
     app = create_app(None, settings)
     threading.Thread(target=_load_engines, args=(args, app.state.qtts), name="qtts-load", daemon=True).start()
     print(f"qtts: serving on http://{args.host}:{args.port} (GET /health turns 200 when the model is loaded)")
     print(f"qtts: web page: {page_url(args.host, args.port)}  (type, pick a voice, hear it while it is generated)",
           flush=True)
     serve_forever(app, args.host, args.port)
+    return 0
+
+
+def _run_ray(args, settings) -> int:
+    """``--ray``: deploy replicas of one batched engine each (docs/server.md, "One machine or a cluster")."""
+    import dataclasses
+
+    from ..server.ray_serve import RayConfig, run
+
+    if args.max_concurrency > 1:
+        raise InputError("--ray runs one batched engine per replica: use --max-batch, not --max-concurrency")
+    autoscale = None
+    if args.autoscale:
+        low, sep, high = args.autoscale.partition(":")
+        if not (sep and low.isdigit() and high.isdigit()):
+            raise InputError(f"--autoscale {args.autoscale!r}: give MIN:MAX replicas, e.g. 1:4")
+        autoscale = (int(low), int(high))
+    skip = {"host", "port", "max_batch", "max_concurrency"}
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in skip}
+    config = RayConfig(model=args.model, plan=args.plan, dtype=args.dtype, threads=args.threads,
+                       max_batch=args.max_batch or 8, replicas=args.replicas, autoscale=autoscale,
+                       num_cpus=args.replica_cpus, settings=fields)  # fmt: skip
+    print(f"qtts: Ray Serve on http://{args.host}:{args.port} ({config.replicas if autoscale is None else args.autoscale} "
+          f"replica(s), max_batch {config.max_batch} each); Ctrl-C stops it")  # fmt: skip
+    run(config, address=args.address, host=args.host, port=args.port, blocking=True)
     return 0
 
 

@@ -55,6 +55,9 @@ class ExportOptions:
     components: tuple = COMPONENTS
     #: reuse the vocoder of another bundle (its plan entry, paths made relative to this bundle)
     vocoder_from: str | None = None
+    #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
+    #: engine (qtts.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
+    batch_graphs: bool = True
 
 
 # ---------------------------------------------------------------------------- per graph
@@ -203,7 +206,23 @@ def export_generation(talker, out: str, opts: ExportOptions) -> tuple[dict, dict
         name = f"predictor.{mode}.{opts.predictor}.onnx"
         plan["predictor"], io, q = _quantized(fn, talker, out, name, opts.predictor, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
+    if opts.batch_graphs:
+        _batch_graphs(talker, out, opts, plan, meta)
     return plan, meta, files
+
+
+def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict) -> None:
+    """The batch graphs beside the one-stream ones (the predictor's only in frame mode)."""
+    from .batch import export_batch_graphs
+    from .quantize import quantize_file
+
+    precision = {"talker": opts.talker} if "talker" in plan else {}
+    if "predictor" in plan and opts.predictor_mode == "frame":
+        precision["predictor"] = opts.predictor
+    written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size))
+    for name, info in written.items():
+        plan[name]["artifacts"]["batch"] = info["artifact"]
+        meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}
 
 
 def _encoders(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:

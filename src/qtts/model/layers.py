@@ -144,6 +144,26 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
+def attend_rows(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list,
+                positions: list[int]) -> torch.Tensor:
+    """One new vector per row, each row with its own cache and position (continuous batching).
+
+    ``x [B, 1, H]``, ``cos/sin [B, 1, 1, hd]`` (row b at ``positions[b]``), ``kvs[b]`` = row b's
+    layer cache ``[2, 1, kvh, max_len, hd]``. The projections run on all rows at once; each row
+    attends over exactly its own ``0 .. pos`` slots, the same shapes as a one-stream step.
+    """
+    b = x.shape[0]
+    q, k, v = attn.qkv(x, cos, sin)  # [B, heads, 1, hd], [B, kvh, 1, hd] x2
+    outs = []
+    for i, (kv, pos) in enumerate(zip(kvs, positions)):
+        kv[0, :, :, pos : pos + 1] = k[i : i + 1]
+        kv[1, :, :, pos : pos + 1] = v[i : i + 1]
+        keys, values = kv[0, :, :, : pos + 1], kv[1, :, :, : pos + 1]
+        outs.append(grouped_attention(q[i : i + 1], keys, values, None, attn.head_dim**-0.5))
+    out = torch.cat(outs).transpose(1, 2).reshape(b, 1, attn.heads * attn.head_dim)
+    return attn.o_proj(out)
+
+
 def grouped_attention(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """GQA without repeating K/V: ``q [B, heads, T, hd]``, ``k/v [B, kvh, S, hd]`` -> ``[B, heads, T, hd]``.
 
@@ -194,6 +214,25 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, kv, pos: int, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, pos, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def run_stack_rows(layers: nn.ModuleList, norm: RMSNorm, x: torch.Tensor, positions: list[int],
+                   caches: list[torch.Tensor], cfg) -> torch.Tensor:
+    """One step for ``B`` streams: ``x [B, 1, H]``, row b at ``positions[b]`` with its own stack cache
+    ``caches[b]`` (``[layers, 2, 1, kvh, max_len, hd]``, written in place) -> final-normed ``[B, 1, H]``."""
+    for cache, pos in zip(caches, positions):
+        if pos < 0 or pos + 1 > cache.shape[4]:
+            raise ValueError(f"position {pos} does not fit a KV cache of {cache.shape[4]} slots")
+    # per-row tables from the same call as a one-stream step, so every row's angles are identical
+    tables = [rope_cos_sin(torch.arange(p, p + 1, device=x.device), cfg.head_dim, cfg.rope_theta, x.dtype)
+              for p in positions]  # fmt: skip
+    cos = torch.stack([c for c, _ in tables])[:, None]  # [B, 1, 1, hd]
+    sin = torch.stack([s for _, s in tables])[:, None]
+    for i, layer in enumerate(layers):
+        h = layer.input_layernorm(x)
+        x = x + attend_rows(layer.self_attn, h, cos, sin, [c[i] for c in caches], positions)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return norm(x)
 
 
 def new_kv_cache(cfg, max_len: int, batch: int = 1, dtype=None, device=None) -> torch.Tensor:

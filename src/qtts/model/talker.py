@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import TalkerConfig
-from .layers import DecoderLayer, RMSNorm, new_kv_cache, run_stack
+from .layers import DecoderLayer, RMSNorm, new_kv_cache, run_stack, run_stack_rows
 from .predictor import CodePredictor
 
 
@@ -69,3 +69,11 @@ class Talker(nn.Module):
         """
         hidden, cache = run_stack(self.model.layers, self.model.norm, embeds, pos, cache, self.cfg)
         return self.codec_head(hidden), hidden, cache
+
+    def forward_rows(
+        self, embeds: torch.Tensor, positions: list[int], caches: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of ``B`` streams: ``embeds [B,1,H]``, row b at ``positions[b]`` with its own
+        cache ``caches[b]`` -> (logits [B,1,vocab], hidden [B,1,H]); the caches are written in place."""
+        hidden = run_stack_rows(self.model.layers, self.model.norm, embeds, positions, caches, self.cfg)
+        return self.codec_head(hidden), hidden

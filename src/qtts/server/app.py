@@ -3,8 +3,8 @@
 ``engine`` is a loaded :class:`qtts.TTS`, a list of them (one per worker slot), or ``None``
 while the model is still loading (``/health`` answers 503 until :meth:`ServerState.set_engine`).
 
-Concurrency model (see docs/server.md): ``max_concurrency`` worker threads, each holding one
-engine *slot*; requests beyond that wait in a FIFO of ``max_queue`` places, then get 429. One
+Concurrency model (see docs/server.md): ``max_concurrency`` (or ``max_batch``) worker threads, each
+holding one engine *slot* (a batched engine fills every slot itself); requests beyond that wait in a FIFO of ``max_queue`` places, then get 429. One
 :class:`qtts.TTS` keeps per-call state inside ``stream()`` only if it says so with
 ``thread_safe = True``; otherwise one engine serves one generation at a time, and several
 slots need several engines (``create_app([tts1, tts2], ...)``), or ``max_concurrency=1``.
@@ -22,7 +22,7 @@ from fastapi.responses import PlainTextResponse
 
 from .. import __version__
 from .errors import ERROR_RESPONSES, ApiError, install_error_handlers
-from .metrics import CONTENT_TYPE, ServerMetrics
+from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer
 from .middleware import AccessMiddleware
 from .settings import ServerSettings
 from .voices import VoiceStore, engine_languages, engine_speakers
@@ -32,11 +32,16 @@ log = logging.getLogger(__name__)
 
 
 def make_slots(engine, max_concurrency: int) -> list:
-    """One engine handle per worker slot (see the module docstring)."""
+    """One engine handle per worker slot (see the module docstring). A batched engine
+    (``qtts.load(..., max_batch=N)``) is thread-safe: all slots share it and its one batch."""
     if isinstance(engine, (list, tuple)):
         if not engine:
             raise ValueError("an empty engine list")
         return list(engine)
+    batch = getattr(engine, "max_batch", 1)
+    if batch > 1 and max_concurrency > batch:
+        log.warning("%d slots on an engine that batches %d streams: the others wait inside the engine",
+                    max_concurrency, batch)
     if getattr(engine, "thread_safe", False):
         return [engine] * max_concurrency
     if max_concurrency > 1:
@@ -55,6 +60,7 @@ class ServerState:
         self.engine = None
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
+        self._observer = None
         self.started = time.time()
         self._lock = threading.Lock()
 
@@ -64,12 +70,23 @@ class ServerState:
 
     def set_engine(self, engine) -> None:
         """Install the loaded engine(s); the server is ready afterwards. Callable from any thread."""
-        slots = make_slots(engine, self.settings.max_concurrency)
+        slots = make_slots(engine, self.settings.slots)
         with self._lock:
             self.scheduler = Scheduler(slots, self.settings.max_queue, self.settings.queue_timeout_s,
                                        self.metrics)
             self.engine = slots[0]
+        batch = getattr(self.engine, "batch", None)  # a batched TTS: record its steps
+        if batch is not None:
+            self._observer = batch_observer(self.metrics)
+            batch.add_observer(self._observer)
         self.metrics.ready.set(1)
+
+    def shutdown(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+        batch = getattr(self.engine, "batch", None) if self._observer is not None else None
+        if batch is not None:
+            batch.remove_observer(self._observer)
 
     def set_load_error(self, message: str) -> None:
         self.load_error = message
@@ -92,6 +109,15 @@ class ServerState:
         return info
 
 
+def _batch_health(engine) -> dict:
+    """max_batch, and for a batched engine the streams it holds (active) and queues (waiting)."""
+    batch = getattr(engine, "batch", None)
+    info = {"max_batch": getattr(engine, "max_batch", 1)}
+    if batch is not None:
+        info.update(batch_active=batch.active, batch_waiting=batch.waiting)
+    return info
+
+
 def _ops_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health() -> dict:
@@ -100,7 +126,7 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         sched = state.scheduler
         return {"status": "ok", "model": state.model_info(), "uptime_s": round(time.time() - state.started, 1),
                 "max_concurrency": sched.capacity, "in_flight": sched.in_flight, "queue_depth": sched.queue_depth,
-                "max_queue": sched.max_queue}
+                "max_queue": sched.max_queue, **_batch_health(state.engine)}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -130,8 +156,7 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        if state.scheduler is not None:
-            state.scheduler.shutdown()
+        state.shutdown()
 
     # redirect_slashes=False: Starlette builds the redirect from the client's Host header
     app = FastAPI(title="qtts", version=__version__, lifespan=lifespan, redirect_slashes=False,

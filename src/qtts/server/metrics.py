@@ -127,6 +127,13 @@ class ServerMetrics:
         self.connections_closed = Counter(p + "connections_closed_total", "Connections the server closed "
                                           "for a client: header_timeout, body_timeout, write_timeout, "
                                           "over_limit.", ("reason",))
+        self.batch_size = Histogram(p + "batch_size", "Streams in each batched talker step of the engine.",
+                                    (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
+        self.frame_seconds = Histogram(p + "frame_seconds", "Per-stream frame latency: seconds between a "
+                                       "stream's consecutive frames (80 ms of audio each) in the batched engine.",
+                                       (0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5))
+        self.batch_streams = Gauge(p + "batch_streams", "Streams in the batched engine now (state 'active' or "
+                                   "'waiting' for a row).", ("state",))
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for a worker.")
         self.in_flight = Gauge(p + "in_flight", "Generations running now.")
         self.ready = Gauge(p + "ready", "1 when the model is loaded and the server accepts work.")
@@ -134,7 +141,21 @@ class ServerMetrics:
     def render(self) -> str:
         lines: list[str] = []
         for m in (self.requests, self.errors, self.audio_seconds, self.frames, self.cancelled, self.rtf,
-                  self.ttfa, self.queue_wait, self.connections_closed, self.queue_depth, self.in_flight,
-                  self.ready):
+                  self.ttfa, self.queue_wait, self.connections_closed, self.batch_size, self.frame_seconds,
+                  self.batch_streams, self.queue_depth, self.in_flight, self.ready):
             lines += m.render()
         return "\n".join(lines) + "\n"
+
+
+def batch_observer(metrics: ServerMetrics):
+    """A :class:`qtts.batching.BatchEngine` observer that records its steps in ``metrics``."""
+
+    def observe(stats) -> None:
+        if stats.rows:
+            metrics.batch_size.observe(stats.rows)
+        for seconds in stats.intervals:
+            metrics.frame_seconds.observe(seconds)
+        metrics.batch_streams.set(stats.active, state="active")
+        metrics.batch_streams.set(stats.waiting, state="waiting")
+
+    return observe

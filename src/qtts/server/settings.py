@@ -20,6 +20,9 @@ class ServerSettings:
     voices_dir: str | None = None
     #: generations (and voice creations) running at once; each gets its own worker thread
     max_concurrency: int = 1
+    #: > 1: one batched engine (qtts.batching) steps up to this many generations together, and this
+    #: many run at once (instead of max_concurrency engines, each a copy of the weights)
+    max_batch: int = 1
     #: requests allowed to wait for a worker; one more gets 429 with Retry-After
     max_queue: int = 8
     #: a request that waited this long for a worker gets 503 (the client gave up by then anyway)
@@ -67,6 +70,11 @@ class ServerSettings:
     def __post_init__(self):
         if self.max_concurrency < 1:
             raise InputError(f"max_concurrency={self.max_concurrency}: must be >= 1")
+        if self.max_batch < 1:
+            raise InputError(f"max_batch={self.max_batch}: must be >= 1")
+        if self.max_batch > 1 and self.max_concurrency > 1:
+            raise InputError(f"max_batch={self.max_batch} and max_concurrency={self.max_concurrency}: use one "
+                             "batched engine (--max-batch) or several engines (--max-concurrency), not both")
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
         for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections",
@@ -84,3 +92,8 @@ class ServerSettings:
             )
         if not 0 <= self.port <= 65535:
             raise InputError(f"port={self.port}: must be in 0..65535")
+
+    @property
+    def slots(self) -> int:
+        """Generations running at once: the batch size of one batched engine, or one per engine."""
+        return max(self.max_concurrency, self.max_batch)
