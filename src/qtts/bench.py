@@ -309,6 +309,9 @@ def plot(results: list, path: str, official: dict | None = None) -> None:
         ax.barh(labels, vals, left=left, label=name)
         left += vals
     limit = max(float(left.max()), 80.0) * 1.35
+    wall = [(i, 80.0 * r["rtf"]) for i, r in enumerate(rows) if r.get("rtf")]  # pipelined parts overlap
+    ax.scatter([w for _, w in wall], [i for i, _ in wall], marker="|", s=500, color="black", zorder=3,
+               label="wall time per frame (RTF x 80 ms)")  # fmt: skip
     if official:  # usually far off the scale: clipped bar + its value as text
         total = official["generate_ms"] + official["vocoder_ms"]
         ax.barh([official["label"]], [min(total, limit)], color="grey", label="official generate + decode")

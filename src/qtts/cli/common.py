@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -144,3 +145,29 @@ class Progress:
         reason = f" finish_reason={chunk.finish_reason}" if chunk.finish_reason else ""  # none when decoding
         self._print(f"qtts: frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s "
                     f"rtf={rtf} ttfa={ttfa}{reason}", True)
+
+
+class StderrHandler(logging.StreamHandler):
+    """A log handler writing to whatever ``sys.stderr`` is when a record is emitted.
+
+    ``logging.StreamHandler()`` keeps the stderr of the moment it was made; when a caller swaps
+    ``sys.stderr`` (test capture, an embedding app) and closes the old one, every later record
+    (the server's access log from another thread) fails with "I/O operation on closed file".
+    """
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the property decides
+        pass
+
+
+def add_stderr_handler(logger: logging.Logger, fmt: str) -> None:
+    """Give ``logger`` one :class:`StderrHandler` (calling it again, as a second ``run`` in one
+    process does, adds no duplicate)."""
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)

@@ -12,7 +12,16 @@ import sys
 import time
 
 from ..errors import InputError, QttsError
-from .common import Parser, check_audio, check_folder, cli_words, command, hidden_alias, number
+from .common import (
+    Parser,
+    add_stderr_handler,
+    check_audio,
+    check_folder,
+    cli_words,
+    command,
+    hidden_alias,
+    number,
+)
 from .export import register as register_export
 from .say import register as register_say
 from .serve import register as register_serve
@@ -78,7 +87,10 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig: an embedding app's own setup wins
+        root.setLevel(level)
+        add_stderr_handler(root, "%(levelname)s %(name)s: %(message)s")
     if not hasattr(args, "_run"):  # `qtts` or `qtts export` alone
         getattr(args, "_group", parser).print_help(sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import ipaddress
 import logging
 
 from ..errors import InputError
-from .common import add_model, command, number
+from .common import add_model, add_stderr_handler, command, number
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,7 @@ def _check_host(host: str) -> None:
 
 def _access_log() -> None:
     access = logging.getLogger("qtts.server.access")
-    handler = logging.StreamHandler()  # stderr, one JSON object per line
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access.addHandler(handler)
+    add_stderr_handler(access, "%(message)s")  # stderr, one JSON object per line
     access.setLevel(logging.INFO)
     access.propagate = False
 
