@@ -31,7 +31,7 @@ from .chunking import Chunker, collect, finish, live_frames, stamp, with_speed
 from .codes import check_codes
 from .config import CODEBOOK_SIZE, SAMPLE_RATE
 from .errors import InputError
-from .generate import LoopParams, WatchdogParams, frame_budget, generate
+from .generate import AnyCancel, LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
 from .pipeline import closing_frames, stream_chunks
 from .prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
@@ -306,7 +306,7 @@ class TTS:
 
     def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
         """:meth:`stream_text`'s body: contexts from a :class:`~qtts.live.TextFeed` (module doc)."""
-        from .live import AnyCancel, TextFeed, context_limits
+        from .live import TextFeed, context_limits
         from .textsource import start_reader
 
         parts, t0 = self.components, time.perf_counter()

@@ -62,6 +62,16 @@ def frame_budget(num_text_tokens: int, cap: int | None = None) -> int:
     return budget if cap is None else min(budget, int(cap))
 
 
+class AnyCancel:
+    """A cancel flag that is set when any of ``flags`` (objects with ``is_set()``, or None) is."""
+
+    def __init__(self, *flags):
+        self.flags = [f for f in flags if f is not None]
+
+    def is_set(self) -> bool:
+        return any(f.is_set() for f in self.flags)
+
+
 @dataclass(frozen=True)
 class WatchdogParams:
     """Runaway detector on the codebook-0 stream; ``None`` fields disable that check."""

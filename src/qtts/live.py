@@ -124,16 +124,6 @@ def _is_set(cancel) -> bool:
     return cancel is not None and cancel.is_set()
 
 
-class AnyCancel:
-    """A cancel flag that is set when any of ``flags`` (objects with ``is_set()``, or None) is."""
-
-    def __init__(self, *flags):
-        self.flags = [f for f in flags if f is not None]
-
-    def is_set(self) -> bool:
-        return any(f.is_set() for f in self.flags)
-
-
 class Context:
     """One talker context's text: the ``StreamState.text`` source (module docstring)."""
 

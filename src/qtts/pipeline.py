@@ -23,6 +23,7 @@ import numpy as np
 
 from .audio import AudioChunk
 from .chunking import Chunker, stamp
+from .generate import AnyCancel
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +32,11 @@ QUEUE_FRAMES = 32
 _ITEM, _DONE, _ERROR = "item", "done", "error"
 
 
-class AnySet:
-    """``is_set()`` of several events (``None`` entries ignored): the caller's cancel or our stop."""
-
-    def __init__(self, *events):
-        self.events = [e for e in events if e is not None]
-
-    def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
-
-
 def run_ahead(start: Callable[[Any], Iterator], cancel=None, depth: int = QUEUE_FRAMES,
               hold: tuple[int, threading.Event] | None = None) -> Iterator:  # fmt: skip
     """Iterate ``start(cancel_any)`` on a worker thread, at most ``depth`` items ahead of the caller.
 
-    ``start`` gets an :class:`AnySet` of ``cancel`` and this pipeline's own stop event and must
+    ``start`` gets an :class:`~qtts.generate.AnyCancel` of ``cancel`` and this pipeline's own stop event and must
     check it before each item (the generation loop does, before every frame). Items arrive in
     order; an exception in the worker is re-raised here after the items it produced; the end of
     the worker's iterator ends this one. Closing this iterator (or abandoning it) sets the stop
@@ -58,7 +49,7 @@ def run_ahead(start: Callable[[Any], Iterator], cancel=None, depth: int = QUEUE_
     stop = threading.Event()
     items: queue.Queue = queue.Queue(maxsize=max(1, int(depth)))
     gate = hold or (0, None)
-    worker = threading.Thread(target=_work, args=(start, AnySet(cancel, stop), items, gate), name="qtts-generation",
+    worker = threading.Thread(target=_work, args=(start, AnyCancel(cancel, stop), items, gate), name="qtts-generation",
                               daemon=True)  # fmt: skip
     worker.start()
     finished = False

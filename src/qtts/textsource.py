@@ -14,7 +14,8 @@ import dataclasses
 import logging
 import threading
 
-from .live import AnyCancel, TextFeed
+from .generate import AnyCancel
+from .live import TextFeed
 from .stretch import stretch_chunks
 
 log = logging.getLogger(__name__)
