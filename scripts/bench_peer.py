@@ -50,6 +50,8 @@ class InputError(Exception):
 
 
 # ---------------------------------------------------------------------------------- machine load
+# The same /proc sampling as qtts.bench: `run` executes in .venv-peer, where qtts (and numpy,
+# onnxruntime) are not installed, so it cannot import them; keep the two in step.
 
 
 def busy_jiffies() -> tuple[int, int]:
