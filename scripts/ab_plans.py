@@ -3,6 +3,8 @@
 
     .venv/bin/python scripts/ab_plans.py --model DIR --plan A/plan.json --plan B/plan.json [--runs 4]
     .venv/bin/python scripts/ab_plans.py --model DIR --plan A/plan.json --pipelined [--vocoder-threads 1]
+    .venv/bin/python scripts/ab_plans.py --model DIR --plan A/plan.json --pipelined \
+        --generation-threads 2 1 --vocoder-threads 2 1      # every split of the two cores
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
 generating ``--frames`` frames with streaming decode (the schedule of qtts.pipeline.Chunker: 1, 2,
@@ -35,6 +37,8 @@ def main() -> None:
     ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.pipeline)")
     ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
                     help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
+    ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],
+                    help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
     args = ap.parse_args()
     serial = BenchOptions(threads=args.threads, pipeline=False)
     variants = []
@@ -42,11 +46,14 @@ def main() -> None:
         parts = open_components(args.model, plan=plan, threads=args.threads)
         prompt, speaker = reference_prompt(parts, serial.text)
         variants.append((plan + " (serial)", parts, prompt, speaker, serial))
-        for vt in args.vocoder_threads if args.pipelined else []:
-            piped = parts if vt is None else dataclasses.replace(
-                parts, vocoder=open_components(args.model, plan=plan, threads=vt).vocoder)  # fmt: skip
-            variants.append((f"{plan} (pipelined, vocoder threads {vt or args.threads})", piped, prompt, speaker,
-                             dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+        opened = {args.threads: parts}
+        for gt, vt in _splits(args) if args.pipelined else []:
+            for t in (gt, vt):
+                if t not in opened:
+                    opened[t] = open_components(args.model, plan=plan, threads=t)
+            piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
+            variants.append((f"{plan} (pipelined, generation threads {gt}, vocoder threads {vt})", piped, prompt,
+                             speaker, dataclasses.replace(serial, pipeline=True)))  # fmt: skip
     for _name, parts, prompt, speaker, opts in variants:  # warm-up
         _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)
     rows: dict[str, list] = {}
@@ -60,6 +67,11 @@ def main() -> None:
         print(f"{name}\n  talker {np.round(a[:, 0], 1)}  predictor {np.round(a[:, 1], 1)}  "
               f"vocoder {np.round(a[:, 2], 1)}  RTF {np.round(a[:, 3], 3)} (median {np.median(a[:, 3]):.3f})  "
               f"TTFA ms {np.round(a[:, 4])} (median {np.median(a[:, 4]):.0f})  foreign cores {np.round(a[:, 5], 2)}")  # fmt: skip
+
+
+def _splits(args) -> list[tuple[int, int]]:
+    """(generation threads, vocoder threads) of every pipelined variant."""
+    return [(gt or args.threads, vt or args.threads) for gt in args.generation_threads for vt in args.vocoder_threads]
 
 
 if __name__ == "__main__":
