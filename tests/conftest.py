@@ -17,6 +17,10 @@ Fixtures (session scope; results are cached per argument set)
     ``eos_snapshot(kind="base", layout="0.6b") -> str``
         Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
         generation reaches EOS by itself some frames after the text is used up.
+    ``one_thread`` (module scope)
+        torch at one intra-op thread for the module, restored after it: tiny models and small
+        per-step tensors lose more to thread hand-offs than they gain on the 2-core CI machine.
+        Request it as an argument, or for a whole module ``pytestmark = pytest.mark.usefixtures("one_thread")``.
     ``official_tts(path) -> qwen_tts.Qwen3TTSModel``
         The official model loaded from ``path`` with ``dtype=torch.float32`` (cached per path).
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
@@ -76,6 +80,16 @@ def tiny_snapshot(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from qtts.cli import main
 
@@ -13,12 +12,7 @@ FRAMES = 5
 COMMON = ["--max-frames", str(FRAMES), "--seed", "1", "--threads", "1", "-q", "--no-split"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch at one thread for this module
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 import qtts
 from qtts.audio import snr_db
@@ -29,12 +28,7 @@ CASES = {  # name: (checkpoint kind, say flags, codes file)
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch at one thread for this module
 
 
 @pytest.fixture(scope="module")

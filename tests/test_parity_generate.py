@@ -42,12 +42,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: thread hand-offs cost more than they save
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch at one thread for this module
 
 
 def _ours(parts: Components, text, voice, kwargs, language, non_streaming):

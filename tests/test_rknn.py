@@ -16,11 +16,11 @@ from qtts.cli import main
 from qtts.errors import InputError, MissingDependencyError, QttsError
 from qtts.export import rknn as rknn_export
 from qtts.export.vocoder import export_vocoder_onnx
-from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
+from vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 
 @pytest.fixture(scope="module")
-def steps(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
+def steps(tiny_snapshot, tmp_path_factory, one_thread):
     """Tiny ONNX steps (B=16 main, B=2 first) posing as .rknn files with their contract sidecars."""
     snap = tiny_snapshot()
     out = tmp_path_factory.mktemp("voc-rknn")

@@ -13,11 +13,11 @@ from qtts.backends.onnx import OnnxVocoder
 from qtts.cli import main
 from qtts.errors import InputError
 from qtts.export.vocoder import RISKY_OPS, export_vocoder_onnx, kv_concat_nodes
-from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
+from vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_snapshot, tmp_path_factory, one_thread):  # noqa: F811
+def exported(tiny_snapshot, tmp_path_factory, one_thread):
     snap = tiny_snapshot()
     out = tmp_path_factory.mktemp("voc-onnx")
     main_r = export_vocoder_onnx(snap, 4, str(out / "voc4.onnx"))

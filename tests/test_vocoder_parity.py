@@ -12,7 +12,7 @@ import torch
 
 import official
 from conftest import shared_reference
-from vocoder_fixtures import load_decoder, one_thread, randomize  # noqa: F401
+from vocoder_fixtures import load_decoder, randomize
 
 pytestmark = pytest.mark.parity
 
@@ -31,7 +31,7 @@ def _assert_close(ref: torch.Tensor, ours: torch.Tensor) -> None:
     assert err <= 1e-4 * ref.abs().max().item(), f"max abs err {err} vs ref max {ref.abs().max().item()}"
 
 
-def test_full_decode_matches_official(tiny_snapshot, one_thread):  # noqa: F811
+def test_full_decode_matches_official(tiny_snapshot, one_thread):
     path = tiny_snapshot()
     _, _, Model = _official_classes()
     ref_model = Model.from_pretrained(os.path.join(path, "speech_tokenizer"), dtype=torch.float32).eval()
@@ -54,7 +54,7 @@ def test_full_decode_matches_official(tiny_snapshot, one_thread):  # noqa: F811
     _assert_close(wavs[1], short.reshape(-1))
 
 
-def test_gqa_short_window_matches_official(one_thread):  # noqa: F811
+def test_gqa_short_window_matches_official(one_thread):
     """num_key_value_heads < heads and a window of 8 frames, so 40 frames wrap it 5 times."""
     from qtts.config import DecoderConfig, _from_dict
     from qtts.model.vocoder import Decoder

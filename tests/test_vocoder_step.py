@@ -16,13 +16,13 @@ from qtts.backends.torch import TorchFullVocoder, TorchVocoder, open_vocoder, st
 from qtts.errors import InputError
 from qtts.model.vocoder_step import CacheLayout, VocoderStep
 from qtts.plan import load_plan
-from vocoder_fixtures import feed, full_decode, load_decoder, one_thread, random_codes  # noqa: F401
+from vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 FRAMES = 310  # > 4 windows of 72
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_snapshot, one_thread):  # noqa: F811
+def tiny(tiny_snapshot, one_thread):
     decoder = load_decoder(tiny_snapshot())
     codes = random_codes(FRAMES, seed=11)
     steps: dict[int, VocoderStep] = {}

@@ -3,17 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Small per-step tensors: a thread pool only adds contention on the 2-core CI machine."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def load_decoder(snapshot: str):
