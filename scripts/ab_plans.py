@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],
                     help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
     args = ap.parse_args()
+    if any(t is not None and t < 1 for t in [args.threads, *args.vocoder_threads, *args.generation_threads]):
+        ap.error("--threads, --vocoder-threads and --generation-threads take counts >= 1")
     serial = BenchOptions(threads=args.threads, pipeline=False)
     variants = []
     for plan in args.plan:
@@ -71,7 +73,10 @@ def main() -> None:
 
 def _splits(args) -> list[tuple[int, int]]:
     """(generation threads, vocoder threads) of every pipelined variant."""
-    return [(gt or args.threads, vt or args.threads) for gt in args.generation_threads for vt in args.vocoder_threads]
+    def pick(t):
+        return args.threads if t is None else t
+
+    return [(pick(gt), pick(vt)) for gt in args.generation_threads for vt in args.vocoder_threads]
 
 
 if __name__ == "__main__":
