@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import random
 import re
+import threading
 import time
 
 import numpy as np
@@ -112,12 +113,37 @@ def chunkings(text: str, seed: int = 0) -> dict[str, list[str]]:
     }
 
 
-def slow(pieces, delay_s: float):
-    """An LLM emitting a piece every ``delay_s`` seconds (the first at once)."""
+def paced(pieces, wait):
+    """An LLM emitting the next piece each time ``wait()`` returns (the first at once)."""
     for i, piece in enumerate(pieces):
         if i:
-            time.sleep(delay_s)
+            wait()
         yield piece
+
+
+def slow(pieces, delay_s: float):
+    """An LLM emitting a piece every ``delay_s`` seconds (the first at once)."""
+    return paced(pieces, lambda: time.sleep(delay_s))
+
+
+class StepGate:
+    """A batch observer whose :meth:`wait` returns once the batch has stepped ``steps`` more times
+    (a text source paced by the batch, not the clock: it runs dry whatever the machine's load)."""
+
+    def __init__(self, steps: int, timeout_s: float = 60.0):
+        self.steps, self.timeout_s, self.seen = steps, timeout_s, 0
+        self.cond = threading.Condition()
+
+    def __call__(self, _stats) -> None:
+        with self.cond:
+            self.seen += 1
+            self.cond.notify_all()
+
+    def wait(self) -> None:
+        with self.cond:
+            target = self.seen + self.steps
+            if not self.cond.wait_for(lambda: self.seen >= target, self.timeout_s):
+                raise TimeoutError(f"the batch did not step {self.steps} times in {self.timeout_s} s")
 
 
 async def aslow(pieces, delay_s: float):

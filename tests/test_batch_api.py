@@ -147,7 +147,7 @@ def test_live_text_streams_share_the_batch_and_equal_alone(tiny_snapshot):
     """stream_text (one LLM fast, one slow: its row waits for text while the others step) and a
     plain stream in one batch: each gets the codes it gets alone, and its audio (the live streams'
     chunks are cut where the talker waits, so their samples match to 1e-5, as in test_live_real)."""
-    from live_fakes import chunkings, slow
+    from live_fakes import StepGate, chunkings, paced
 
     text = "Hi there, 42 cats; ça va?"
     opts = SynthesisOptions(greedy=True, max_frames=16, split_sentences=False, non_streaming_text=False)
@@ -157,11 +157,12 @@ def test_live_text_streams_share_the_batch_and_equal_alone(tiny_snapshot):
     want = single.synthesize(text, speaker=speaker, options=opts)
     plain = single.synthesize(TEXTS[1], speaker=speaker, options=SynthesisOptions(seed=3, max_frames=12))
     tts = TTS(parts, max_batch=3)
-    steps = []
+    steps, gate = [], StepGate(4)  # the slow LLM's next word comes 4 batch steps later (a word is 1-3 ids)
     tts.batch.add_observer(steps.append)
+    tts.batch.add_observer(gate)
     calls = [
         lambda: tts.stream_text(chunkings(text)["words"], speaker=speaker, options=opts),
-        lambda: tts.stream_text(slow(chunkings(text)["words"], 0.2), speaker=speaker, options=opts),
+        lambda: tts.stream_text(paced(chunkings(text)["words"], gate.wait), speaker=speaker, options=opts),
         lambda: tts.stream(TEXTS[1], speaker=speaker, options=SynthesisOptions(seed=3, max_frames=12)),
     ]
     try:
