@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from qtts.server.ray_serve import APP_NAME, RayConfig, build_app
+from qtts.server.ray_serve import APP_NAME, RayConfig, build_app, patient_proxy_env
 
 FRAME_BYTES = 1920 * 2
 VOICES = ["vivian", "ryan", "serena", "aiden"]
@@ -55,6 +55,7 @@ def cluster(budget, tiny_snapshot):
     import ray
     from ray import serve
 
+    patient_proxy_env()  # (with 5 s, a proxy slowed by the other CI worker was killed at start)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1")  # fmt: skip
     port = _free_port()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 
 from ..errors import InputError, require
@@ -28,6 +29,17 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "qtts"
 REPLICA_HEADER = b"x-qtts-replica"
+#: Ray Serve's proxy deadlines (its defaults: 5 s to come up, 10 s per health check) are too short
+#: on a small busy machine: the proxy process (Ray, Starlette, uvicorn imports) can take longer to
+#: start, and Serve then kills it and ``serve.start`` fails. A cluster this process starts gets
+#: these unless the environment already sets them.
+PROXY_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+
+
+def patient_proxy_env() -> None:
+    """Set :data:`PROXY_ENV` (where unset) for the Ray processes this process is about to start."""
+    for name, value in PROXY_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,8 @@ def run(config: RayConfig, address: str | None = None, host: str = "127.0.0.1", 
     serve = require("ray.serve", "ray", "Ray Serve scale-out")
     app = build_app(config)
     if not ray.is_initialized():
+        if address is None:
+            patient_proxy_env()
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": host, "port": int(port)})
     return serve.run(app, name=APP_NAME, route_prefix="/", blocking=blocking)
