@@ -11,6 +11,7 @@ within its budget.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import signal
 import socket
 import time
@@ -154,3 +155,11 @@ def test_killing_a_replica_mid_stream(cluster):
         results = list(pool.map(lambda i: speak(cluster, 200 + i), range(4)))
     assert all(valid_pcm(r, 6) for r in results), [(r.status_code, r.text[:200]) for r in results]
     assert victim not in {r.headers["x-qtts-replica"] for r in results}
+
+
+def test_patient_proxy_env_keeps_what_the_user_set(monkeypatch):
+    monkeypatch.delenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", raising=False)
+    monkeypatch.setenv("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "7")
+    patient_proxy_env()
+    assert os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "60"
+    assert os.environ["RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"] == "7"
