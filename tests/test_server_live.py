@@ -64,17 +64,21 @@ class Result:
 
 
 def run_session(url: str, messages, delay: float = 0.0) -> Result:
-    """Send ``messages`` (dicts as JSON, str/bytes as they are), then read until the server closes."""
+    """Send ``messages`` (dicts as JSON, str/bytes as they are), then read until the server closes.
+    A server that closes first (busy, or a bad message) ends the sending; what it sent is read."""
     with connect(url, max_size=None) as ws:
-        for m in messages:
-            if isinstance(m, dict):
-                ws.send(json.dumps(m))
-            elif isinstance(m, tuple):  # (bytes, text flag): raw frames
-                ws.send(m[0], text=m[1])
-            else:
-                ws.send(m)
-            if delay:
-                time.sleep(delay)
+        try:
+            for m in messages:
+                if isinstance(m, dict):
+                    ws.send(json.dumps(m))
+                elif isinstance(m, tuple):  # (bytes, text flag): raw frames
+                    ws.send(m[0], text=m[1])
+                else:
+                    ws.send(m)
+                if delay:
+                    time.sleep(delay)
+        except ConnectionClosed:
+            pass
         return run_session_reader(ws)
 
 
