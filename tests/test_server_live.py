@@ -8,6 +8,7 @@ import dataclasses
 import json
 import time
 
+import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -97,6 +98,14 @@ def run_session_reader(ws) -> Result:
     return Result(audio, events, ws.close_code)
 
 
+def same_audio(a: bytes, b: bytes) -> bool:
+    """Equal PCM up to one step of int16 rounding: text that arrives in pieces cuts the stream's
+    chunks elsewhere, and the vocoder stepped over other frame counts may differ by ~1e-6 (seen on
+    an AVX-512 CPU), which can flip a sample's rounding; the codes are the same."""
+    x, y = np.frombuffer(a, "<i2").astype(np.int32), np.frombuffer(b, "<i2").astype(np.int32)
+    return len(x) == len(y) > 0 and int(np.abs(x - y).max()) <= 1
+
+
 def speak(url: str, pieces, session=None, delay: float = 0.0) -> Result:
     msgs = [{"type": "session.update", "session": session or SESSION}]
     msgs += [{"type": "text.delta", "delta": p} for p in pieces] + [{"type": "text.done"}]
@@ -130,7 +139,7 @@ def test_pieces_equal_whole(live, whole, split):
     pieces = {"chars": list(TEXT), "words": [w + " " for w in TEXT.split(" ")[:-1]] + [TEXT.split(" ")[-1]],
               "random": [TEXT[:3], TEXT[3:4], TEXT[4:11], TEXT[11:12], TEXT[12:20], TEXT[20:]]}[split]
     got = speak(live.ws, pieces, delay=0.01)
-    assert got.close_code == 1000 and got.audio == whole.audio
+    assert got.close_code == 1000 and same_audio(got.audio, whole.audio)
 
 
 def test_slow_client_and_http_timeouts(live, whole):
@@ -174,7 +183,7 @@ def test_bad_input_each_handled(live, whole):
     # an emoji as two escaped surrogate halves in two messages, control characters: handled
     r = speak(live.ws, ["Hi there, 42 cats; ", "\ud83d", "\ude00\x07 ça va?"])
     r2 = speak(live.ws, ["Hi there, 42 cats; \U0001f600 ça va?"])
-    assert r.close_code == r2.close_code == 1000 and r.audio == r2.audio
+    assert r.close_code == r2.close_code == 1000 and same_audio(r.audio, r2.audio)
     # a 1 MB delta, text after done, binary frames, unknown types, invalid JSON
     r = run_session(live.ws, [s, {"type": "text.delta", "delta": "x" * 1_000_000}])
     assert r.close_code == 1009 and r.error()["code"] == "delta_too_long"
@@ -182,7 +191,7 @@ def test_bad_input_each_handled(live, whole):
                               b"\x00\x01", {"type": "nope"}, "{not json"])
     codes = [e["error"]["code"] for e in r.events if e["type"] == "error"]
     assert codes == ["text_after_done", "binary_not_supported", "unknown_type", "invalid_json"]
-    assert r.close_code == 1000 and r.audio == whole.audio  # those were reported; the answer went on
+    assert r.close_code == 1000 and same_audio(r.audio, whole.audio)  # those were reported; the answer went on
     # invalid UTF-8 in a text frame: the WebSocket layer closes with 1007
     r = run_session(live.ws, [s, (b'{"type": "text.delta", "delta": "\xff\xfe"}', True)])
     assert r.close_code == 1007
@@ -214,7 +223,7 @@ def test_bad_sessions_leave_others_untouched(live, whole):
     with cf.ThreadPoolExecutor(3) as ex:
         good = ex.submit(speak, live.ws, list(TEXT), None, 0.01)
         bads = [ex.submit(run_session, live.ws, bad) for _ in range(2)]
-        assert good.result().audio == whole.audio
+        assert same_audio(good.result().audio, whole.audio)
         assert all(b.result().close_code == 1009 for b in bads)
 
 
