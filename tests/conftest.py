@@ -2,9 +2,13 @@
 
 Constants
     ``REPO_ROOT``            the checkout.
-    ``SHARED_REFERENCE``     ``<repo>/../shared/reference`` (CI keeps ``shared/`` beside the checkout).
-    ``REAL_TOKENIZER_DIR``   ``SHARED_REFERENCE/configs/text-tokenizer-qwen2`` (real Qwen2 vocab.json + merges.txt).
-    ``shared_reference(*parts)`` -> path inside SHARED_REFERENCE; fails the test clearly when it is missing.
+    ``REFERENCE_ROOTS``      where the real published files live, all inside the repository:
+                             ``tests/data/reference`` (Qwen2 tokenizer, speech-tokenizer config, tensor-name
+                             lists; sources in its README.md) and ``src/qtts/data`` (the model configs the
+                             package ships). Both have the same layout: ``configs/<name>/...``.
+    ``REAL_TOKENIZER_DIR``   ``tests/data/reference/configs/text-tokenizer-qwen2`` (real Qwen2 vocab.json + merges.txt).
+    ``reference(*parts)``    -> the path under the first root that has it; fails the test clearly when none does.
+    ``reference_configs(name)`` -> ``reference("configs", name)``: a real model's config folder.
 
 Fixtures (session scope; results are cached per argument set)
     ``tiny_snapshot(kind="base", layout="0.6b", seed=0, real_tokenizer=True) -> str``
@@ -38,8 +42,8 @@ import os
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_REFERENCE = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "reference"))
-REAL_TOKENIZER_DIR = os.path.join(SHARED_REFERENCE, "configs", "text-tokenizer-qwen2")
+REFERENCE_ROOTS = (os.path.join(REPO_ROOT, "tests", "data", "reference"), os.path.join(REPO_ROOT, "src", "qtts", "data"))
+REAL_TOKENIZER_DIR = os.path.join(REFERENCE_ROOTS[0], "configs", "text-tokenizer-qwen2")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,15 +55,19 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-def shared_reference(*parts: str) -> str:
-    """A path under ``../shared/reference``; fails (never skips) when the folder is not there."""
-    path = os.path.join(SHARED_REFERENCE, *parts)
-    if not os.path.exists(path):
-        pytest.fail(
-            f"{path} is missing: the tests need the shared reference folder beside the checkout "
-            f"(expected at {SHARED_REFERENCE}, i.e. <repo>/../shared/reference)"
-        )
-    return path
+def reference(*parts: str) -> str:
+    """A vendored real file or folder (``REFERENCE_ROOTS``); fails (never skips) when it is missing."""
+    for root in REFERENCE_ROOTS:
+        path = os.path.join(root, *parts)
+        if os.path.exists(path):
+            return path
+    pytest.fail(f"{os.path.join(*parts)} is in none of {REFERENCE_ROOTS}: the vendored reference files "
+                "are part of the repository (tests/data/reference/README.md); restore them from git")
+
+
+def reference_configs(name: str) -> str:
+    """The config folder of a real checkpoint (``Qwen3-TTS-12Hz-0.6B-Base``, ...)."""
+    return reference("configs", name)
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +80,7 @@ def tiny_snapshot(tmp_path_factory):
     def make(kind: str = "base", layout: str = "0.6b", seed: int = 0, real_tokenizer: bool = True) -> str:
         key = (kind, layout, int(seed), bool(real_tokenizer))
         if key not in cache:
-            tok = shared_reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
+            tok = reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
             out = root / f"{kind}-{layout}-s{seed}-{'real' if real_tokenizer else 'standin'}"
             cache[key] = write_random_checkpoint(
                 str(out), size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok
@@ -137,7 +145,7 @@ def eos_snapshot(tmp_path_factory):
         if (kind, layout) not in cache:
             cache[(kind, layout)] = write_random_checkpoint(
                 str(root / f"{kind}-{layout}"), size="tiny", kind=kind, layout=layout, seed=0,
-                tokenizer_dir=shared_reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
+                tokenizer_dir=reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
             )
         return cache[(kind, layout)]
 

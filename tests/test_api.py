@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import SHARED_REFERENCE
+from conftest import reference_configs
 from fakes import FakeBackend
 from qtts.api import TTS
 from qtts.backends import Components
@@ -61,7 +61,7 @@ class _FakeStream:
 
 
 def make_tts(kind="Qwen3-TTS-12Hz-0.6B-Base", **backend_kw):
-    cfg = ModelConfig.from_dir(f"{SHARED_REFERENCE}/configs/{kind}", speech_tokenizer=False)
+    cfg = ModelConfig.from_dir(reference_configs(kind), speech_tokenizer=False)
     cfg.talker_config.hidden_size = H
     backend = FakeBackend(hidden_size=H, **backend_kw)
     parts = Components(cfg, FakeTokenizer(), backend, FakeVocoder(backend.events))

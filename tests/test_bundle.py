@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from conftest import SHARED_REFERENCE
+from conftest import reference_configs
 from qtts.bundle import fingerprint
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
@@ -120,6 +120,6 @@ def test_default_threads_by_model_size(tiny_snapshot):
     from qtts.config import ModelConfig
 
     assert default_threads(ModelConfig.from_dir(tiny_snapshot(), speech_tokenizer=False)) == 1
-    real = ModelConfig.from_dir(os.path.join(SHARED_REFERENCE, "configs", "Qwen3-TTS-12Hz-0.6B-Base"),
+    real = ModelConfig.from_dir(reference_configs("Qwen3-TTS-12Hz-0.6B-Base"),
                                 speech_tokenizer=False)  # fmt: skip
     assert default_threads(real) == max(1, min(os.cpu_count() or 1, MAX_THREADS))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import shared_reference
+from conftest import reference
 from qtts.audio import snr_db
 from qtts.backends.base import Context
 from qtts.backends.step import StepStream, StepVocoder, rope_freqs
@@ -68,7 +68,7 @@ def test_cache_layout_is_data_and_independent_of_b(tiny):
 def test_full_size_layout():
     from qtts.config import SpeechTokenizerConfig
 
-    path = shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
+    path = reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
     layout = CacheLayout.from_config(SpeechTokenizerConfig.from_file(path).decoder_config)
     assert layout["pre_transformer.layers.7.v"].shape == (16, 71, 64)
     assert layout["pre_conv"].shape == (512, 2)

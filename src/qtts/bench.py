@@ -15,7 +15,7 @@ whole process's peak is ``peak_rss_mb``). Medians over ``repeats`` runs after a 
 
 ``--compare-official`` runs the official qwen-tts ``generate`` + ``speech_tokenizer.decode`` on
 the same checkpoint in the same process (same threads, same frame count, EOS id set to a
-suppressed id as in ``../shared/reference/baseline-official-cpu.md``).
+suppressed id, as the baseline benchmark of the official code on this machine kind does).
 """
 
 from __future__ import annotations
