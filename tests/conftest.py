@@ -13,7 +13,7 @@ Constants
 Fixtures (session scope; results are cached per argument set)
     ``tiny_snapshot(kind="base", layout="0.6b", seed=0, real_tokenizer=True) -> str``
         Path of a tiny random-weight snapshot in the real layout written by
-        :func:`qtts.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
+        :func:`qtts.tools.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
         custom_voice / voice_design (voice_design needs layout "1.7b"); ``layout`` "0.6b"
         (talker hidden == predictor hidden) or "1.7b" (talker wider: ``small_to_mtp_projection``);
         ``real_tokenizer`` copies the real Qwen2 tokenizer files, else a byte-level stand-in
@@ -72,7 +72,7 @@ def reference_configs(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_snapshot(tmp_path_factory):
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
     root = tmp_path_factory.mktemp("tiny-snapshots")
@@ -135,8 +135,8 @@ def official_tts():
 def eos_snapshot(tmp_path_factory):
     """``eos_snapshot(kind="base", layout="0.6b") -> str``: a tiny snapshot written with
     ``natural_eos=True`` (greedy generation reaches EOS by itself some frames after the text is
-    used up; see :func:`qtts._random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
-    from qtts.random_checkpoint import write_random_checkpoint
+    used up; see :func:`qtts.tools.random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
     root = tmp_path_factory.mktemp("eos-snapshots")

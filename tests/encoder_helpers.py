@@ -12,8 +12,8 @@ import torch
 import official
 from conftest import reference
 from qtts.config import EncoderConfig, SpeakerEncoderConfig, _from_dict
-from qtts.model.codec_encoder import Encoder
 from qtts.model.speaker import SpeakerEncoder
+from qtts.model.speech_encoder import Encoder
 
 TINY = dict(
     enc_dim=32, sample_rate=24000, mel_dim=128, enc_channels=[16, 16, 16, 16, 48],

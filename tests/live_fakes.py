@@ -17,7 +17,7 @@ from fakes import FakeBackend
 from qtts.api import TTS
 from qtts.backends import Components
 from qtts.config import ModelConfig
-from qtts.frontend import TextTokenizer
+from qtts.text.tokenizer import TextTokenizer
 
 H = 8
 

@@ -214,9 +214,9 @@ def test_facts():
 def test_real_stream_equals_offline_decode(real_tts, icl):
     import torch
 
-    from qtts.audio import snr_db
-    from qtts.generate import LoopParams, generate
-    from qtts.prompt import build_prompt, resolve_mode
+    from qtts.audio.chunk import snr_db
+    from qtts.engine.generate import LoopParams, generate
+    from qtts.text.prompt import build_prompt, resolve_mode
 
     parts = real_tts.components
     assert parts.vocoder.threads == 1  # load(threads=1) reaches the vocoder too

@@ -8,8 +8,8 @@ import torch
 
 from conftest import reference, reference_configs
 from qtts.config import ModelConfig
-from qtts.model.codec_encoder import Encoder
 from qtts.model.speaker import SpeakerEncoder
+from qtts.model.speech_encoder import Encoder
 
 
 def _expected(file: str, prefix: str) -> dict[str, list[int]]:

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import REAL_TOKENIZER_DIR, reference_configs
 from qtts.errors import ConfigError
-from qtts.frontend import TextTokenizer, official_regex, split_sentences
+from qtts.text.sentences import split_sentences
+from qtts.text.tokenizer import TextTokenizer, official_regex
 
 HERE = Path(__file__).resolve().parent
 TOK_DIR = Path(REAL_TOKENIZER_DIR)

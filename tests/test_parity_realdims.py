@@ -44,7 +44,7 @@ GREEDY_FRAMES = 8
 
 @pytest.fixture(scope="module", params=["0.6b", "1.7b"])
 def mid(request, tmp_path_factory):
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     layout = request.param
     path = write_random_checkpoint(

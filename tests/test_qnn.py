@@ -14,7 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
+from qtts.backends.plan import load_plan
 from qtts.backends.qnn import (
     PlainPredictor,
     QnnBackend,
@@ -27,7 +28,6 @@ from qtts.backends.qnn import (
 from qtts.backends.torch import TorchBackend
 from qtts.errors import InputError, QttsError
 from qtts.options import SamplingParams
-from qtts.plan import load_plan
 from qtts.weights import load_checkpoint
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
@@ -76,7 +76,7 @@ def test_qnn_options_from_plan():
 
 
 def test_plan_names_qnn_for_predictor_and_vocoder(bundle):
-    from qtts.verify import plan_precisions
+    from qtts.export.verify import plan_precisions
 
     plan = load_plan(bundle["plan"])
     assert plan.impl("talker") == "torch"
@@ -153,7 +153,7 @@ def test_qnn_vocoder_stream_snr(checkpoint, bundle):
 
 
 def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
-    from qtts.verify import verify_plan
+    from qtts.export.verify import verify_plan
 
     report = verify_plan(snapshot, bundle["plan"], frames=4, threads=1)
     assert report["components"] == {"talker": "torch/fp32", "predictor": "qnn/fp16", "vocoder": "qnn/fp16"}

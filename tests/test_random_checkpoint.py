@@ -14,7 +14,7 @@ from conftest import REAL_TOKENIZER_DIR, reference
 from qtts.cli import main
 from qtts.config import ModelConfig, SpeechTokenizerConfig
 from qtts.errors import InputError
-from qtts.random_checkpoint import (
+from qtts.tools.random_checkpoint import (
     model_config_dict,
     real_config_dir,
     real_name,
@@ -49,7 +49,7 @@ def _header_count(name: str) -> int:
 
 @pytest.mark.parametrize("kind,layout", VALID)
 def test_full_config_is_the_real_one_and_sizes_match(kind, layout):
-    from qtts._random_weights import main_specs, speech_tokenizer_specs
+    from qtts.tools.random_weights import main_specs, speech_tokenizer_specs
 
     name = real_name(kind, layout)
     real = json.load(open(reference("configs", name, "config.json")))

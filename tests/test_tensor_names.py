@@ -13,7 +13,7 @@ import torch
 
 from conftest import reference
 from qtts.config import ModelConfig, SpeechTokenizerConfig
-from qtts.random_checkpoint import real_config_dir
+from qtts.tools.random_checkpoint import real_config_dir
 
 
 def _reference(name: str) -> dict[str, list[int]]:

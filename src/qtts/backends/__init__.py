@@ -17,8 +17,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from ..plan import Plan
 from .base import Backend, Context, Vocoder
+from .plan import Plan
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
 
@@ -44,14 +44,14 @@ class Components:
     """Everything a :class:`qtts.TTS` runs on, built once by :func:`open` (or by hand in tests)."""
 
     config: ModelConfig
-    tokenizer: Any  # text -> ids (qtts.frontend.TextTokenizer); None when built without generation
+    tokenizer: Any  # text -> ids (qtts.text.tokenizer.TextTokenizer); None when built without generation
     backend: Backend | None  # talker + predictor: the generation seam (None: built without it)
     vocoder: Vocoder | None  # .stream(): a fresh stateful streaming decoder per utterance
     speaker_encoder: Any = None  # .embed(wav_24k) -> x-vector; Base checkpoints only
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
-    #: streams stepped together by one engine (qtts.batching); 1 = one generation per call, no thread
+    #: streams stepped together by one engine (qtts.engine.batching); 1 = one generation per call, no thread
     max_batch: int = 1
     snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
 
@@ -65,15 +65,15 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
          backend: Backend | None = None, parts=None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
-    ``plan``: None, a path, a dict or a :class:`~qtts.plan.Plan`; ``threads``: None picks
+    ``plan``: None, a path, a dict or a :class:`~qtts.backends.plan.Plan`; ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
     of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
     ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
-    from ..bundle import check_plan_source
-    from ..frontend import TextTokenizer
-    from ..plan import load_plan
+    from ..text.tokenizer import TextTokenizer
+    from .bundle import check_plan_source
+    from .plan import load_plan
 
     want = _wanted(parts)
     snapshot = snapshot_dir(model)

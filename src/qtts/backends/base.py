@@ -6,7 +6,7 @@ function ``open_part(spec, ctx) -> part`` (``generation`` gets the talker and pr
 :func:`qtts.backends.open` calls them once per loaded model and keeps the parts in
 :class:`~qtts.backends.Components`. The parts:
 
-* **generation** (:class:`Backend`, six methods; the loop in :mod:`qtts.generate` drives it).
+* **generation** (:class:`Backend`, six methods; the loop in :mod:`qtts.engine.generate` drives it).
   ``H`` = talker hidden size, all arrays numpy, embeddings float32:
 
   - ``text_embeds(ids [n]) -> [n, H]``: ``text_projection(text_embedding(ids))``;
@@ -35,7 +35,7 @@ from ..config import PREDICTOR_STEPS, ModelConfig
 
 @runtime_checkable
 class Backend(Protocol):
-    """The generation seam between :mod:`qtts.generate` and a runtime."""
+    """The generation seam between :mod:`qtts.engine.generate` and a runtime."""
 
     #: talker hidden size H
     hidden_size: int
@@ -79,7 +79,7 @@ class Context:
     threads: int | None = None  # intra-op threads for every runtime
     #: parts already loaded (e.g. torch modules by checkpoint component), so each loads once
     cache: dict = field(default_factory=dict)
-    #: streams one engine steps together (qtts.batching); an onnx plan then opens its batch graphs
+    #: streams one engine steps together (qtts.engine.batching); an onnx plan then opens its batch graphs
     max_batch: int = 1
 
 
@@ -90,10 +90,10 @@ def run_predictor_steps(step_logits, code0: int, params: Any, uniforms: np.ndarr
     this: ``step_logits(0, code0)`` runs the 2-vector prefill (hidden, code0) and returns the
     logits of ``lm_head[0]`` as numpy ``[2048]``; ``step_logits(j, code_j)`` for j >= 1 feeds
     codebook ``j``'s code at position ``j + 1`` and returns the logits of ``lm_head[j]``.
-    Sampling is :func:`qtts.generate.pick_predictor_code` (no penalty, no suppression), one
+    Sampling is :func:`qtts.engine.generate.pick_predictor_code` (no penalty, no suppression), one
     uniform per step.
     """
-    from ..generate import pick_predictor_code
+    from ..engine.generate import pick_predictor_code
 
     codes = np.zeros(PREDICTOR_STEPS, dtype=np.int64)
     code = int(code0)
@@ -106,7 +106,7 @@ def run_predictor_steps(step_logits, code0: int, params: Any, uniforms: np.ndarr
 def run_predictor_rows(step_logits, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
     """:func:`run_predictor_steps` for ``B`` streams at once: ``step_logits(j, codes [B])`` returns
     logits ``[B, 2048]``; each row is sampled with its own params and uniforms -> codes ``[B, 15]``."""
-    from ..generate import pick_predictor_code
+    from ..engine.generate import pick_predictor_code
 
     rows = len(code0)
     codes = np.zeros((rows, PREDICTOR_STEPS), dtype=np.int64)

@@ -20,11 +20,11 @@ import os
 
 import numpy as np
 
-from ..bundle import read_manifest
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
 from .base import Context, run_predictor_steps
-from .step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
+from .bundle import read_manifest
+from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,13 @@ class OnnxBackend:
 
 
 class OnnxSpeakerEncoder:
-    """x-vector from a mono 24 kHz waveform: numpy log-mel (:func:`qtts.mel.log_mel`) + the ONNX encoder."""
+    """x-vector from a mono 24 kHz waveform: numpy log-mel (:func:`qtts.audio.mel.log_mel`) + the ONNX encoder."""
 
     def __init__(self, path: str, threads: int | None = None):
         self.session = open_session(path, threads)
 
     def embed(self, wav_24k: np.ndarray) -> np.ndarray:
-        from ..mel import log_mel
+        from ..audio.mel import log_mel
 
         mel = np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32)[None]
         return self.session.run(["embedding"], {"mel": mel})[0][0]

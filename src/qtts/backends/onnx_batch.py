@@ -1,4 +1,4 @@
-"""The onnxruntime backend for a batched engine (:mod:`qtts.batching`): one KV pool, the batch graphs.
+"""The onnxruntime backend for a batched engine (:mod:`qtts.engine.batching`): one KV pool, the batch graphs.
 
 :class:`OnnxBatchBackend` runs a bundle's batch graphs (``artifacts["batch"]`` of the talker and the
 predictor, see :mod:`qtts.export.batch`) instead of the one-stream graphs, so the weights are held
@@ -19,9 +19,9 @@ import os
 
 import numpy as np
 
-from ..bundle import read_manifest
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
+from .bundle import read_manifest
 from .onnx import OnnxBackend
 from .onnx import open_generation as open_one_stream
 
@@ -90,7 +90,7 @@ class OnnxBatchBackend(OnnxBackend):
     """The batch graphs of a bundle behind the :class:`~qtts.backends.base.Backend` seam, plus
     ``talker_rows`` / ``predict_frames`` (many streams per call) and ``release``."""
 
-    thread_safe = False  # one engine thread drives it (qtts.batching)
+    thread_safe = False  # one engine thread drives it (qtts.engine.batching)
 
     def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, max_batch: int = 8):
         super().__init__(artifacts, meta, threads=threads)

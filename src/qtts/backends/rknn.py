@@ -12,7 +12,7 @@ import os
 
 from ..errors import InputError, QttsError, require
 from .base import Context
-from .step import StepContract, StepVocoder, pair_contracts
+from .vocoder_step import StepContract, StepVocoder, pair_contracts
 
 
 def read_rknn_contract(path: str) -> StepContract:

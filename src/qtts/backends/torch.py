@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError, require
 from .base import Context, run_predictor_rows, run_predictor_steps
-from .step import StepContract, StepVocoder, check_codes, rope_freqs
+from .vocoder_step import StepContract, StepVocoder, check_codes, rope_freqs
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ class TorchSpeakerEncoder:
         self.encoder = encoder.eval()
 
     def embed(self, wav_24k: np.ndarray) -> np.ndarray:
-        from ..mel import log_mel
+        from ..audio.mel import log_mel
 
         torch = self._torch
         mel = torch.from_numpy(np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32))[None]

@@ -2,7 +2,7 @@
 
 One loop of small phase functions, like gpt-fast's ``generate.py``:
 
-1. :func:`embed_prompt` turns a :class:`~qtts.prompt.Prompt` into talker input vectors;
+1. :func:`embed_prompt` turns a :class:`~qtts.text.prompt.Prompt` into talker input vectors;
 2. prefill: one ``backend.talker`` call over the whole prompt -> logits and hidden of the last position;
 3. per frame ``s``: :func:`pick_code0` (repetition penalty over generated code-0 ids, EOS blocked
    for the first two frames, control ids 2048..3071 except EOS suppressed, then sampling);
@@ -15,10 +15,10 @@ a function over it (:func:`prefill`, :func:`next_code0`, :func:`stop_reason`, :f
 :func:`advance`), so a scheduler can step several streams itself; :class:`Generation` is the
 one-stream loop over them. :func:`predict_rows` / :func:`advance_rows` are the same phases for a
 list of streams (one batched backend call each), :func:`ready` says whether a stream can take its
-next talker step, :func:`release` returns its KV state; :mod:`qtts.batching` drives them.
+next talker step, :func:`release` returns its KV state; :mod:`qtts.engine.batching` drives them.
 
 Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
-:class:`qtts.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
+:class:`qtts.text.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
 yet: :func:`ready` says (non-blocking) whether :func:`advance` can run now, :func:`wait_ready`
 blocks until it can (the one-stream loop calls it), and :func:`frame_limit` is the frame budget,
 which grows with the text until the text is complete. A scheduler that steps several streams
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import NUM_CODEBOOKS
 from . import sampling
-from .config import NUM_CODEBOOKS
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class LoopParams:
 
 
 def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams, u: float) -> int:
-    """Codebook 0 from talker logits, in the official processor order (see :mod:`qtts.sampling`).
+    """Codebook 0 from talker logits, in the official processor order (see :mod:`qtts.engine.sampling`).
 
     ``history`` is the code-0 ids generated so far (``step == len(history)``): repetition
     penalty over them, EOS blocked while ``step < min_frames``, ids ``suppress_from..`` except
@@ -159,7 +159,7 @@ def pick_predictor_code(logits: np.ndarray, params: Any, u: float) -> int:
 
 
 def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarray:
-    """Talker input vectors ``[L, H]`` of a prompt (see the Prompt contract in :mod:`qtts.prompt`)."""
+    """Talker input vectors ``[L, H]`` of a prompt (see the Prompt contract in :mod:`qtts.text.prompt`)."""
     text_ids = np.asarray(prompt.text_ids, dtype=np.int64)
     codec_ids = np.asarray(prompt.codec_ids, dtype=np.int64)
     out = np.zeros((len(text_ids), backend.hidden_size), dtype=np.float32)
@@ -203,7 +203,7 @@ class StreamState:
     watchdog: Watchdog | None
     history: list = field(default_factory=list)  # code 0 of every frame so far
     finish_reason: str | None = None
-    #: a live text source (ready/wait/vector/frame_limit, see qtts.live.Context) that replaces
+    #: a live text source (ready/wait/vector/frame_limit, see qtts.text.live.Context) that replaces
     #: ``trailing``; None = the prompt's trailing text, then ``pad``
     text: Any = None
 

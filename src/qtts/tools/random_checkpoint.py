@@ -14,7 +14,7 @@ layer and 2 layers per codec transformer (0.6b ~2.3 GB, 1.7b ~3.0 GB fp32, most 
 vocab (3072), the predictor vocab (2048), the 16 code groups, the text vocab (151936) and the
 1920-sample frame. The tiny 1.7b layout has talker hidden != predictor hidden, so
 ``small_to_mtp_projection`` exists, like the real 1.7B. ``natural_eos`` wires an EOS clock into
-the talker so greedy generation stops by itself (see :func:`qtts._random_weights.eos_clock_edits`).
+the talker so greedy generation stops by itself (see :func:`qtts.tools.random_weights.eos_clock_edits`).
 
 Weights are random but non-degenerate: norm weights 1 + N(0, 0.1) (so parity tests see
 a missing or misplaced norm weight), norm biases N(0, 0.02), LayerScale at its configured init,
@@ -33,9 +33,9 @@ import logging
 import os
 import shutil
 
-from .config import ModelConfig, SpeechTokenizerConfig
-from .errors import InputError
-from .files import temp_dir_beside
+from ..config import ModelConfig, SpeechTokenizerConfig
+from ..errors import InputError
+from ..files import temp_dir_beside
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _REAL_NAMES = {
     ("custom_voice", "1.7b"): "Qwen3-TTS-12Hz-1.7B-CustomVoice",
     ("voice_design", "1.7b"): "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
 }
-_CONFIG_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "configs")
+_CONFIG_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "configs")
 _COPIED = (
     "generation_config.json",
     "preprocessor_config.json",
@@ -230,7 +230,7 @@ def write_random_checkpoint(
 
 
 def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos) -> None:
-    from . import _random_weights as rw
+    from . import random_weights as rw
 
     real = real_config_dir(name)
     cfg_dict = model_config_dict(size, kind, layout)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import SAMPLE_RATE
-from .errors import InputError
-from .files import temp_beside
+from ..config import SAMPLE_RATE
+from ..errors import InputError
+from ..files import temp_beside
 
 #: file formats by extension: 16-bit WAV, raw 16-bit PCM, and libsndfile's encoders
 AUDIO_FORMATS = ("wav", "flac", "mp3", "opus", "pcm")
@@ -42,7 +42,7 @@ class AudioChunk:
     num_frames: int = 0
     #: True on the last chunk of an utterance
     is_final: bool = False
-    #: on the final chunk: 'eos', 'length' or 'runaway' (see qtts.generate)
+    #: on the final chunk: 'eos', 'length' or 'runaway' (see qtts.engine.generate)
     finish_reason: str | None = None
     #: free-form stats (timings, frame counts); filled by the engine
     info: dict = field(default_factory=dict)

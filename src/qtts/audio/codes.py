@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import CODEBOOK_SIZE, NUM_CODEBOOKS
-from .errors import InputError
-from .files import atomic_path
+from ..config import CODEBOOK_SIZE, NUM_CODEBOOKS
+from ..errors import InputError
+from ..files import atomic_path
 
 #: file suffixes a codes file may have (they pick the layout when writing)
 CODES_SUFFIXES = (".npy", ".npz")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 COMPONENTS = ("talker", "predictor", "vocoder", "speaker_encoder", "speech_encoder")
 #: names older qtts versions wrote (plan keys, manifest keys) -> today's name

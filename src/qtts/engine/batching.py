@@ -2,8 +2,8 @@
 
 :class:`BatchLoop` is the synchronous core (tests drive it step by step); :class:`BatchEngine`
 runs it on one thread and hands each caller a :class:`BatchStream` (iterate it for frames, like a
-:class:`~qtts.generate.Generation`). Per-stream logic stays in :mod:`qtts.generate`'s phase
-functions over each stream's :class:`~qtts.generate.StreamState`; this module only decides who
+:class:`~qtts.engine.generate.Generation`). Per-stream logic stays in :mod:`qtts.engine.generate`'s phase
+functions over each stream's :class:`~qtts.engine.generate.StreamState`; this module only decides who
 takes part in each step. One step:
 
 1. admit at most one waiting stream: its prefill runs alone (batch 1), so a joining stream
@@ -58,7 +58,7 @@ class _Row:
 
     def __init__(self, prompt, params, speaker, sink, text=None):
         self.prompt, self.params, self.speaker, self.sink = prompt, params, speaker, sink
-        self.text = text  # a live text source (qtts.live.Context) or None
+        self.text = text  # a live text source (qtts.text.live.Context) or None
         self.state = None  # StreamState once admitted
         self.pending: np.ndarray | None = None  # a delivered frame the talker has not been fed yet
         self.closed = False  # set by the consumer (any thread): stop at the next step

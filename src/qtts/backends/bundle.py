@@ -18,8 +18,8 @@ import logging
 import os
 import struct
 
-from .errors import InputError
-from .files import atomic_path
+from ..errors import InputError
+from ..files import atomic_path
 from .plan import renamed
 
 log = logging.getLogger(__name__)

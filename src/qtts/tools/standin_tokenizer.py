@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .frontend import QWEN2_PATTERN, added_token
+from ..text.tokenizer import QWEN2_PATTERN, added_token
 
 
 def byte_symbols() -> list[str]:

@@ -3,7 +3,7 @@
 Metrics (reusable): :func:`token_agreement`, :func:`first_divergence`, :func:`qtts.audio.snr_db`.
 :func:`verify_plan` measures, for one prompt and ``frames`` frames:
 
-* **greedy free-running**: both backends generate greedily through :mod:`qtts.generate`; the
+* **greedy free-running**: both backends generate greedily through :mod:`qtts.engine.generate`; the
   rate of identical frames (all 16 codes) and the first divergent frame;
 * **teacher-forced codebook 0**: the talker of each backend is fed the reference frames; top-1
   agreement of the greedy code-0 pick and the SNR of the talker logits;
@@ -28,8 +28,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .audio import snr_db
-from .config import NUM_CODEBOOKS, PREDICTOR_STEPS
+from ..audio.chunk import snr_db
+from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def first_divergence(ref: np.ndarray, test: np.ndarray) -> int | None:
 
 def reference_prompt(parts, text: str):
     """(prompt, speaker vector or None): a named speaker if the checkpoint has one, else an x-vector."""
-    from .prompt import Mode, build_prompt
+    from ..text.prompt import Mode, build_prompt
 
     cfg = parts.config
     if cfg.speakers:
@@ -70,8 +70,8 @@ def reference_prompt(parts, text: str):
 
 
 def greedy_params(config, frames: int, **kw):
-    from .generate import LoopParams
-    from .options import SamplingParams
+    from ..engine.generate import LoopParams
+    from ..options import SamplingParams
 
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05)
     return LoopParams.for_config(config, greedy, replace(greedy, repetition_penalty=1.0), frames, seed=0,
@@ -79,7 +79,7 @@ def greedy_params(config, frames: int, **kw):
 
 
 def _generate(backend, prompt, lp, speaker) -> np.ndarray:
-    from .generate import generate
+    from ..engine.generate import generate
 
     frames = list(generate(backend, prompt, lp, speaker))
     return np.asarray(frames, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
@@ -90,7 +90,7 @@ def _generate(backend, prompt, lp, speaker) -> np.ndarray:
 
 def _forced_run(be, prompt, lp, speaker, codes: np.ndarray) -> list:
     """(logits, hidden) before each reference frame, feeding the reference frames to the talker."""
-    from .generate import advance, prefill
+    from ..engine.generate import advance, prefill
 
     state = prefill(be, prompt, lp, speaker)
     out = []
@@ -103,7 +103,7 @@ def _forced_run(be, prompt, lp, speaker, codes: np.ndarray) -> list:
 
 def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> dict:
     """Feed the reference frames to both talkers; compare code-0 picks, logits and the predictor."""
-    from .generate import pick_code0
+    from ..engine.generate import pick_code0
 
     lp = replace(lp, max_frames=max(lp.max_frames, len(codes)))
     runs = [_forced_run(be, prompt, lp, speaker, codes) for be in (ref_be, test_be)]
@@ -167,9 +167,9 @@ def verify_plan(
     dtype: str = "float32",
 ):
     """Run every measurement; returns the report dict (``passed`` is None when no gate applies)."""
-    from .backends import open as open_components
-    from .backends.torch import TorchBackend
-    from .weights import load_checkpoint
+    from ..backends import open as open_components
+    from ..backends.torch import TorchBackend
+    from ..weights import load_checkpoint
 
     text = text or "The quick brown fox jumps over the lazy dog, then rests by the river."
     t0 = time.perf_counter()

@@ -49,7 +49,7 @@ class ConcurrencyOptions:
 
 def _bench_tts(parts):
     """A TTS whose generations run exactly their max_frames (EOS blocked, no watchdog)."""
-    from .api import TTS
+    from ..api import TTS
 
     class BenchTTS(TTS):
         def _loop_params(self, max_frames, options, index, cancel=None):
@@ -61,7 +61,7 @@ def _bench_tts(parts):
 
 def _voice(tts) -> dict:
     """A named speaker on CustomVoice checkpoints, else a fixed random x-vector (as ``qtts bench``)."""
-    from .voice import Voice
+    from ..voice import Voice
 
     cfg = tts.config
     if cfg.speakers:
@@ -72,7 +72,7 @@ def _voice(tts) -> dict:
 
 
 def _one_stream(tts, opts: ConcurrencyOptions, index: int, frames: int, barrier, out: list) -> None:
-    from .options import SynthesisOptions
+    from ..options import SynthesisOptions
 
     options = SynthesisOptions(max_frames=frames, seed=opts.seed + index, split_sentences=False)
     barrier.wait()
@@ -107,7 +107,7 @@ def run_round(engines: list, k: int, opts: ConcurrencyOptions, frames: int | Non
 
 
 def _load(model: str, plan, threads: int, max_batch: int = 1):
-    from .backends import open as open_components
+    from ..backends import open as open_components
 
     return _bench_tts(open_components(model, plan=plan, threads=threads, max_batch=max_batch))
 

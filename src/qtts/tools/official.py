@@ -12,7 +12,7 @@ import importlib.machinery
 import sys
 import types
 
-from .errors import MissingDependencyError
+from ..errors import MissingDependencyError
 
 _STUBS = ("sox", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi")
 

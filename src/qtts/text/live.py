@@ -1,34 +1,43 @@
 """Live text: pieces that arrive while speech is generated (``TTS.stream_text``).
 
 :class:`TextFeed` is the one place text comes in (``push`` from any thread, ``close`` at the end
-of input) and final token ids come out (:mod:`qtts.incremental`). The generation loop reads it
+of input) and final token ids come out (:mod:`qtts.text.incremental`). The generation loop reads it
 through a :class:`Context`, one per talker context, which is the ``StreamState.text`` source of
-:mod:`qtts.generate`: ``ready(step)`` (non-blocking), ``wait(step, cancel)`` (blocking) and
+:mod:`qtts.engine.generate`: ``ready(step)`` (non-blocking), ``wait(step, cancel)`` (blocking) and
 ``vector(step)``. In the streaming text layout the text ids form one stream ``prefix + body +
-[tts_eos]`` (:class:`qtts.prompt.TextStream`): step ``s`` takes id ``prefill + s``; an id that is
+[tts_eos]`` (:class:`qtts.text.prompt.TextStream`): step ``s`` takes id ``prefill + s``; an id that is
 not final yet makes the step wait (never ``tts_pad``, which tells the model the text is over).
 
 One context spans sentences. A context holds at most ``max_tokens`` body ids, the most whose
-frame budget (:func:`qtts.generate.frame_budget`) fits its KV cache. Once it has taken
+frame budget (:func:`qtts.engine.generate.frame_budget`) fits its KV cache. Once it has taken
 ``max_tokens // 2`` ids, it ends at the next sentence end (``tts_eos`` goes in right after the
 sentence, as if the text ended there) and the text after it starts a new context, with the same
 voice, language and vocoder stream. With no sentence end before ``max_tokens`` it ends there.
 A context that stops (EOS, budget, watchdog) before it took all its text also hands the rest to
 a new context. Those cuts depend only on the text, never on when it arrived.
+
+Where the text comes from: :func:`start_reader` pushes a plain iterable into a feed from a reader
+thread, so that text keeps arriving while the talker computes (with an LLM emitting 30 tokens/s,
+pulling only when the talker needs text would add one token interval per wait; it stops after the
+piece in flight once the stream is closed); :func:`astream` reads an async iterable in a task and
+runs the sync stream on a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
 import threading
 import time
 
 import numpy as np
 
-from .errors import InputError
-from .frontend import sentence_end
-from .generate import BUDGET_BASE, BUDGET_PER_TOKEN, frame_budget
+from ..engine.generate import BUDGET_BASE, BUDGET_PER_TOKEN, AnyCancel, frame_budget
+from ..errors import InputError
 from .incremental import FinalTokens, hard_boundary
+from .sentences import sentence_end
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +105,7 @@ class TextFeed:
     def next_context(self, stream, backend, max_tokens: int, budget, cancel=None):
         """Block until the next context can prefill; None when the text is over (or cancelled).
 
-        ``stream`` is the mode's :class:`qtts.prompt.TextStream`; ``budget(n)`` the frame budget of
+        ``stream`` is the mode's :class:`qtts.text.prompt.TextStream`; ``budget(n)`` the frame budget of
         a context whose body has ``n`` ids.
         """
         with self.cond:
@@ -274,8 +283,86 @@ def context_limits(cap: int, fixed_budget: int | None) -> tuple[int, callable]:
 
     With a fixed per-context budget (``SynthesisOptions.max_frames``) the budget is that number
     and a context holds at most ``cap`` ids (one per frame); otherwise the budget follows
-    :func:`qtts.generate.frame_budget` and a context holds the ids whose budget fits ``cap``.
+    :func:`qtts.engine.generate.frame_budget` and a context holds the ids whose budget fits ``cap``.
     """
     if fixed_budget is not None:
         return max(1, int(cap)), lambda n: int(fixed_budget)
     return max(1, (int(cap) - BUDGET_BASE) // BUDGET_PER_TOKEN), lambda n: frame_budget(n, cap=cap)
+
+
+#: after an async stream is closed, wait this long for its worker thread to finish the frame in flight
+JOIN_S = 30.0
+
+
+def start_reader(pieces, feed: TextFeed) -> threading.Thread:
+    """Push every piece of the iterable ``pieces`` into ``feed`` from a daemon thread, then close it."""
+
+    def read() -> None:
+        it = iter(pieces)
+        try:
+            for piece in it:
+                if feed.cancelled:
+                    break
+                feed.push(piece)
+            else:
+                feed.close()
+        except Exception as exc:  # the caller's iterable (or bad input) failed: the stream raises it
+            feed.fail(exc)
+        finally:
+            close = getattr(it, "close", None)
+            if feed.cancelled and close is not None:
+                close()
+
+    thread = threading.Thread(target=read, name="qtts-text-reader", daemon=True)
+    thread.start()
+    return thread
+
+
+async def astream(pieces, tokenizer, speak, options):
+    """``stream_text`` over an async iterable: text is read by a task into a new feed, and
+    ``speak(feed, options)`` (the sync ``stream_text`` of that feed) runs on a thread."""
+    feed = TextFeed(tokenizer)
+    options = dataclasses.replace(options, cancel=AnyCancel(options.cancel, feed))
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue = asyncio.Queue()
+
+    def put(item) -> None:
+        try:
+            loop.call_soon_threadsafe(out.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody listens any more
+            feed.cancel()
+
+    def work() -> None:
+        try:
+            for chunk in speak(feed, options):
+                put(("chunk", chunk))
+            put(("end", None))
+        except BaseException as exc:  # delivered to the async consumer
+            put(("error", exc))
+
+    async def read() -> None:
+        try:
+            async for piece in pieces:
+                feed.push(piece)
+            feed.close()
+        except Exception as exc:
+            feed.fail(exc)
+
+    worker = threading.Thread(target=work, name="qtts-live", daemon=True)
+    worker.start()
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            kind, value = await out.get()
+            if kind == "chunk":
+                yield value
+            elif kind == "end":
+                return
+            else:
+                raise value
+    finally:
+        feed.cancel()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await asyncio.to_thread(worker.join, JOIN_S)

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from .config import SAMPLE_RATE
-from .errors import InputError
+from ..config import SAMPLE_RATE
+from ..errors import InputError
 
 N_FFT = 1024
 HOP = 256

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import CODEBOOK_SIZE, NUM_CODEBOOKS
-from .errors import InputError
+from ..config import CODEBOOK_SIZE, NUM_CODEBOOKS
+from ..errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .errors import InputError
-from .options import MAX_SPEED, MIN_SPEED
+from ..errors import InputError
+from ..options import MAX_SPEED, MIN_SPEED
 
 #: window length in seconds: 40 ms holds two pitch periods of a low voice
 FRAME_S = 0.040

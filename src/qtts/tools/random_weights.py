@@ -1,6 +1,6 @@
 """Tensor specs of our module trees and a streaming safetensors writer filled with random values.
 
-Used by :mod:`qtts.random_checkpoint`. The module trees are built on the meta device (no
+Used by :mod:`qtts.tools.random_checkpoint`. The module trees are built on the meta device (no
 memory), so the key set and shapes come from the same classes the loader uses.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import ModelConfig, SpeechTokenizerConfig
-from .weights import empty_init
+from ..config import ModelConfig, SpeechTokenizerConfig
+from ..weights import empty_init
 
 _ST_DTYPES = {
     torch.float32: "F32",
@@ -42,14 +42,14 @@ def _specs(module: nn.Module) -> list[Spec]:
 
 
 def main_specs(cfg: ModelConfig) -> list[Spec]:
-    from .model.tts import Qwen3TTS
+    from ..model.tts import Qwen3TTS
 
     with empty_init():
         return _specs(Qwen3TTS(cfg))
 
 
 def speech_tokenizer_specs(cfg: SpeechTokenizerConfig) -> list[Spec]:
-    from .model.speech_tokenizer import SpeechTokenizer
+    from ..model.speech_tokenizer import SpeechTokenizer
 
     with empty_init():
         return _specs(SpeechTokenizer(cfg))

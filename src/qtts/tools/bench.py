@@ -2,8 +2,8 @@
 
 Method (same for every plan): one prompt (a named speaker on CustomVoice checkpoints, else a
 fixed random x-vector), the checkpoint's sampling defaults, EOS blocked for ``frames`` frames so
-every run generates exactly ``frames`` frames; the loop is :mod:`qtts.generate` and the audio is
-decoded streaming with the plan's decoder on the schedule of :class:`qtts.pipeline.Chunker` (1, 2,
+every run generates exactly ``frames`` frames; the loop is :mod:`qtts.engine.generate` and the audio is
+decoded streaming with the plan's decoder on the schedule of :class:`qtts.engine.stream.Chunker` (1, 2,
 4, 8, 8, ... frames), pipelined (generation on a worker thread, as ``TTS.stream`` does by default)
 or serial (``BenchOptions.pipeline``). Each backend call and decoder call is timed; "other" is the
 loop/sampling/embedding remainder (serial only: pipelined, the components overlap).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import SAMPLE_RATE
+from ..config import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class BenchOptions:
     repeats: int = 3
     #: intra-op threads for every runtime
     threads: int = 2
-    #: streaming decode schedule: first chunk, then doubling up to ``chunk`` (qtts.pipeline.Chunker)
+    #: streaming decode schedule: first chunk, then doubling up to ``chunk`` (qtts.engine.stream.Chunker)
     first_chunk: int = 1
     chunk: int = 8
     #: generation on a worker thread, vocoder on the caller's (SynthesisOptions.pipeline)
@@ -117,8 +117,8 @@ def rss_mb() -> float:
 
 def _loop_params(config, frames: int, seed: int):
     """The checkpoint's sampling defaults with EOS blocked for ``frames`` frames."""
-    from .generate import LoopParams
-    from .options import SynthesisOptions
+    from ..engine.generate import LoopParams
+    from ..options import SynthesisOptions
 
     opts = SynthesisOptions().resolve(config.generation)
     return LoopParams.for_config(config, opts.talker, opts.predictor, frames, min_frames=frames, seed=seed,
@@ -145,9 +145,8 @@ def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
 
 
 def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
-    from .chunking import Chunker
-    from .generate import generate
-    from .pipeline import run_ahead
+    from ..engine.generate import generate
+    from ..engine.stream import Chunker, run_ahead
 
     backend = _Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
     decoder = _Timed(parts.vocoder.stream(), ("decode",))
@@ -195,8 +194,8 @@ def _median(runs: list) -> dict:
 
 def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -> dict:
     """Benchmark one plan (None = torch fp32) on ``model``; returns medians and settings."""
-    from .backends import open as open_components
-    from .verify import reference_prompt
+    from ..backends import open as open_components
+    from ..export.verify import reference_prompt
 
     gc.collect()  # the previous plan's sessions are gone before this plan's peak is measured
     reset_peak_rss()
@@ -227,7 +226,7 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
     """Official qwen-tts generate + decode on the same checkpoint (fp32, same threads and frames)."""
     import torch
 
-    from . import _official
+    from . import official as _official
 
     torch.set_num_threads(opts.threads)
     pkg = _official.qwen_tts()
@@ -293,7 +292,7 @@ def table_markdown(results: list, official: dict | None = None) -> str:
 
 def plot(results: list, path: str, official: dict | None = None) -> None:
     """Stacked bars of per-component ms/frame per plan (matplotlib, extra ``plot``)."""
-    from .errors import require
+    from ..errors import require
 
     matplotlib = require("matplotlib", "plot", "the benchmark plot")
     matplotlib.use("Agg")
