@@ -32,10 +32,11 @@ from qtts.backends.qnn import (
     torch_tables,
 )
 from qtts.backends.torch import TorchBackend
+from qtts.engine.sampling import PredictorSampler
 from qtts.options import SamplingParams
 from qtts.weights import load_checkpoint
 
-GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
 
 
 def predictor_row(talker, path: str, opts: QnnOptions, frames: int) -> dict:

@@ -96,10 +96,11 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
     """The in-graph sampler of the fused ONNX predictor picks what qtts.engine.sampling picks for the same
     uniforms: the expected codes come from the torch predictor's logits, step by step, through
-    ``run_predictor_steps`` (qtts.engine.sampling), not from a backend."""
+    ``run_predictor_steps`` with the loop's sampler (qtts.engine.sampling), not from a backend."""
     import torch
 
     from qtts.backends.base import run_predictor_steps
+    from qtts.engine.sampling import PredictorSampler
     from qtts.options import SamplingParams
     from qtts.weights import load_checkpoint
 
@@ -120,11 +121,11 @@ def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
         out, state["cache"] = cp(x, pos, state["cache"])
         return cp.head(j, out[0, -1]).numpy()
 
-    greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    greedy = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
     for top_k, top_p in ((50, 1.0), (0, 0.8), (7, 0.5)):
-        params = SamplingParams(
+        params = PredictorSampler(SamplingParams(
             do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
-        )
+        ))
         u = rng.random(15)
         want = run_predictor_steps(step_logits, 17, params, u)
         np.testing.assert_array_equal(test.predict_frame(hidden, 17, params, u), want)

@@ -26,11 +26,12 @@ from qtts.backends.qnn import (
     torch_tables,
 )
 from qtts.backends.torch import TorchBackend
+from qtts.engine.sampling import PredictorSampler
 from qtts.errors import InputError, QttsError
 from qtts.options import SamplingParams
 from qtts.weights import load_checkpoint
 
-GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
 
 
 @pytest.fixture(scope="module")

@@ -152,10 +152,10 @@ class OnnxBackend:
         return logits.numpy()[0], hidden.numpy()[0], state
 
     # -- predictor -------------------------------------------------------------------------------------
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
         if self.predictor_mode == "frame":
-            return self._predict_fused(hidden, code0, params, uniforms)
-        return self._predict_steps(hidden, code0, params, uniforms)
+            return self._predict_fused(hidden, code0, sampler.params, uniforms)
+        return self._predict_steps(hidden, code0, sampler, uniforms)
 
     def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
         vocab = int(self.predictor_tables.shape[1])
@@ -171,7 +171,7 @@ class OnnxBackend:
         }
         return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
 
-    def _predict_steps(self, hidden, code0, params, uniforms) -> np.ndarray:
+    def _predict_steps(self, hidden, code0, sampler, uniforms) -> np.ndarray:
         p = self.meta["predictor"]
         if self._pred_binding is None:
             shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
@@ -189,7 +189,7 @@ class OnnxBackend:
             binding.bind_outputs([f"logits_{j}"])
             return binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)[0].numpy()[0]
 
-        return run_predictor_steps(step_logits, code0, params, uniforms)
+        return run_predictor_steps(step_logits, code0, sampler, uniforms)
 
 
 class OnnxSpeakerEncoder:

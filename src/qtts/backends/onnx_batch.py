@@ -177,14 +177,16 @@ class OnnxBatchBackend(OnnxBackend):
         return self._bindings[full][0]
 
     # -- predictor ---------------------------------------------------------------------------------------
-    def predict_frame(self, hidden, code0, params, uniforms) -> np.ndarray:
-        return self.predict_frames(np.asarray(hidden, np.float32)[None], np.array([code0]), [params],
+    def predict_frame(self, hidden, code0, sampler, uniforms) -> np.ndarray:
+        return self.predict_frames(np.asarray(hidden, np.float32)[None], np.array([code0]), [sampler],
                                    np.asarray(uniforms)[None])[0]  # fmt: skip
 
     def predict_frames(
-        self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray
+        self, hidden: np.ndarray, code0: np.ndarray, samplers: list, uniforms: np.ndarray
     ) -> np.ndarray:
-        """Codes ``[B, 15]``: one graph run per set of sampling params (greedy rows join any run)."""
+        """Codes ``[B, 15]``: one graph run per set of sampling params (greedy rows join any run);
+        the graph samples in-graph with the loop's uniforms and each sampler's params."""
+        params = [s.params for s in samplers]
         groups: dict = {}
         for i, p in enumerate(params):
             groups.setdefault(self._sampler(p) if p.do_sample else None, []).append(i)

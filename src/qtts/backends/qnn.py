@@ -177,8 +177,8 @@ class PlainPredictor:
 
         return step_logits
 
-    def predict_frame(self, hidden, code0: int, params, uniforms) -> np.ndarray:
-        return run_predictor_steps(self.frame_logits(hidden), code0, params, uniforms)
+    def predict_frame(self, hidden, code0: int, sampler, uniforms) -> np.ndarray:
+        return run_predictor_steps(self.frame_logits(hidden), code0, sampler, uniforms)
 
 
 def session_runner(session) -> tuple[Callable, tuple]:
@@ -202,8 +202,8 @@ class QnnBackend(TorchBackend):
         super().__init__(talker, threads=threads)
         self.plain = predictor
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
-        return self.plain.predict_frame(hidden, code0, params, uniforms)
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
+        return self.plain.predict_frame(hidden, code0, sampler, uniforms)
 
 
 def torch_tables(talker) -> tuple[np.ndarray, np.ndarray]:

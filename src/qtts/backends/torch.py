@@ -104,7 +104,7 @@ class TorchBackend:
             logits, hidden, state = self.talker_module(x[None].to(self.dtype), int(pos), state)
             return self._out(logits[0, -1]), self._out(hidden[0, -1]), state
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
         cache = getattr(self._local, "cache", None)
@@ -122,7 +122,7 @@ class TorchBackend:
             return self._out(self.predictor.head(j, out[0, -1]))
 
         with torch.inference_mode():
-            codes = run_predictor_steps(step_logits, code0, params, uniforms)
+            codes = run_predictor_steps(step_logits, code0, sampler, uniforms)
         self._local.cache = cache
         return codes
 
@@ -136,7 +136,10 @@ class TorchBackend:
             logits, hidden = self.talker_module.forward_rows(x.to(self.dtype), [int(p) for p in positions], states)
             return self._out(logits[:, -1]), self._out(hidden[:, -1]), states
 
-    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
+    def release(self, state) -> None:
+        """Nothing to give back: each stream's KV cache is its own (the batch seam's third method)."""
+
+    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, samplers: list, uniforms: np.ndarray) -> np.ndarray:
         """The predictor's 15 codes for ``B`` streams in one batched frame -> ``[B, 15]``."""
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
@@ -153,7 +156,7 @@ class TorchBackend:
             return self._out(self.predictor.head(j, out[:, -1]))
 
         with torch.inference_mode():
-            return run_predictor_rows(step_logits, code0, params, uniforms)
+            return run_predictor_rows(step_logits, code0, samplers, uniforms)
 
 
 # ----------------------------------------------------------------------------- vocoder

@@ -36,7 +36,6 @@ codes on every backend that computes the same probabilities (sampling is inverse
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import BatchBackend
 from ..config import NUM_CODEBOOKS
 from . import sampling
 
@@ -143,19 +143,8 @@ def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams
     penalty over them, EOS blocked while ``step < min_frames``, ids ``suppress_from..`` except
     EOS suppressed, then temperature/top-k/top-p and an inverse-CDF draw with ``u``.
     """
-    rules = _talker_rules(len(logits), lp.eos_id, lp.suppress_from, lp.min_frames)
+    rules = sampling.talker_rules(len(logits), lp.eos_id, lp.min_frames, suppress_from=lp.suppress_from)
     return sampling.sample(logits, lp.talker, u, history, rules)
-
-
-@functools.lru_cache(maxsize=8)
-def _talker_rules(vocab: int, eos_id: int, suppress_from: int, min_frames: int) -> sampling.TokenRules:
-    ids = tuple(i for i in range(suppress_from, vocab) if i != eos_id)
-    return sampling.TokenRules(suppress_ids=ids, eos_id=eos_id, min_new_tokens=min_frames)
-
-
-def pick_predictor_code(logits: np.ndarray, params: Any, u: float) -> int:
-    """One predictor code: no penalty, no suppression (``params.repetition_penalty`` is 1)."""
-    return sampling.sample(logits, params, u)
 
 
 def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarray:
@@ -254,7 +243,7 @@ def stop_reason(state: StreamState, code0: int, lp: LoopParams) -> str | None:
 def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: np.ndarray) -> np.ndarray:
     """The whole frame: code 0 + the predictor's codebooks 1..15 -> int64 [16]."""
     state.history.append(int(code0))
-    rest = backend.predict_frame(state.hidden, code0, lp.predictor, uniforms)
+    rest = backend.predict_frame(state.hidden, code0, sampling.PredictorSampler(lp.predictor), uniforms)
     return np.concatenate([[code0], np.asarray(rest, dtype=np.int64)]).astype(np.int64)
 
 
@@ -281,18 +270,18 @@ def predict_rows(backend, states: list, code0s: list, lps: list, uniforms: list)
         state.history.append(int(code0))
     hidden = np.stack([s.hidden for s in states]).astype(np.float32)
     code0 = np.asarray(code0s, dtype=np.int64)
-    params = [lp.predictor for lp in lps]
-    if hasattr(backend, "predict_frames"):
-        rest = backend.predict_frames(hidden, code0, params, np.stack(uniforms))
+    samplers = [sampling.PredictorSampler(lp.predictor) for lp in lps]
+    if isinstance(backend, BatchBackend):
+        rest = backend.predict_frames(hidden, code0, samplers, np.stack(uniforms))
     else:
-        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, params, uniforms)]
+        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, samplers, uniforms)]
     return [np.concatenate([[c], np.asarray(r, dtype=np.int64)]).astype(np.int64) for c, r in zip(code0, rest)]
 
 
 def advance_rows(backend, states: list, frames: list) -> None:
     """:func:`advance` for several streams: one batched talker step, each stream at its own position
     with its own KV state (``backend.talker_rows``; a backend without it steps them one by one)."""
-    if not hasattr(backend, "talker_rows"):
+    if not isinstance(backend, BatchBackend):
         for state, codes in zip(states, frames):
             advance(backend, state, codes)
         return
@@ -305,7 +294,7 @@ def advance_rows(backend, states: list, frames: list) -> None:
 
 def release(backend, state: StreamState | None) -> None:
     """Give the stream's talker state back to the backend (a batched backend reuses its KV rows)."""
-    if state is not None and hasattr(backend, "release"):
+    if state is not None and isinstance(backend, BatchBackend):
         backend.release(state.kv)
 
 

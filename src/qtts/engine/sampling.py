@@ -10,8 +10,10 @@ backend that computes the same probabilities picks the same id for the same unif
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,10 +28,30 @@ class TokenRules:
     min_new_tokens: int = 0
 
 
-def talker_rules(vocab_size: int = 3072, eos_id: int = 2150, min_new_tokens: int = 2) -> TokenRules:
-    """Official talker rules: the last 1024 codec ids except EOS are suppressed; EOS blocked twice."""
-    ids = tuple(i for i in range(vocab_size - 1024, vocab_size) if i != eos_id)
+@functools.lru_cache(maxsize=8)
+def talker_rules(vocab_size: int = 3072, eos_id: int = 2150, min_new_tokens: int = 2,
+                 suppress_from: int | None = None) -> TokenRules:  # fmt: skip
+    """Official talker rules: codec ids from ``suppress_from`` (default: the last 1024) except EOS are
+    suppressed; EOS is blocked while fewer than ``min_new_tokens`` frames were generated."""
+    start = vocab_size - 1024 if suppress_from is None else int(suppress_from)
+    ids = tuple(i for i in range(start, vocab_size) if i != eos_id)
     return TokenRules(suppress_ids=ids, eos_id=eos_id, min_new_tokens=min_new_tokens)
+
+
+@dataclass(frozen=True)
+class PredictorSampler:
+    """How the loop samples the predictor's codes, handed to a backend's ``predict_frame(s)``.
+
+    A backend that computes the predictor step by step calls :meth:`pick` on each step's logits
+    (:func:`qtts.backends.base.run_predictor_steps`); a fused graph that samples in-graph reads
+    :attr:`params` (temperature, top-k, top-p, do_sample). Either way the sampling rule is the
+    loop's: a backend never imports it. No penalty, no suppression (``repetition_penalty`` is 1).
+    """
+
+    params: Any
+
+    def pick(self, logits: np.ndarray, u: float) -> int:
+        return sample(logits, self.params, u)
 
 
 def repetition_penalty(scores: np.ndarray, history: Iterable[int], penalty: float) -> np.ndarray:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..audio.chunk import snr_db
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
+from ..engine.sampling import PredictorSampler
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,8 @@ def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> 
         code0_ref.append(pick_code0(lr, history, s, lp, 0.0))
         code0_test.append(pick_code0(lt, history, s, lp, 0.0))
         snrs.append(snr_db(lr, lt))
-        cb_ref.append(ref_be.predict_frame(hr, int(codes[s, 0]), lp.predictor, u))
-        cb_test.append(test_be.predict_frame(hr, int(codes[s, 0]), lp.predictor, u))
+        cb_ref.append(ref_be.predict_frame(hr, int(codes[s, 0]), PredictorSampler(lp.predictor), u))
+        cb_test.append(test_be.predict_frame(hr, int(codes[s, 0]), PredictorSampler(lp.predictor), u))
     finite = [x for x in snrs if math.isfinite(x)]
     return {
         "code0_top1_agreement": token_agreement(np.array(code0_ref), np.array(code0_test)),
