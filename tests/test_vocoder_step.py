@@ -10,7 +10,7 @@ import torch
 
 from conftest import reference
 from qtts.audio.chunk import snr_db
-from qtts.backends.base import Context
+from qtts.backends.base import OpenContext
 from qtts.backends.plan import load_plan
 from qtts.backends.torch import TorchFullVocoder, TorchVocoder, open_vocoder, step_decode
 from qtts.backends.vocoder_step import StepStream, StepVocoder, rope_freqs
@@ -178,11 +178,11 @@ def test_decoder_input_errors(tiny):
 
 def test_plan_options_reach_the_torch_vocoder(tiny, tiny_snapshot):
     decoder = tiny[0]
-    ctx = Context(tiny_snapshot(), config=None)
+    ctx = OpenContext(tiny_snapshot(), config=None)
     ctx.cache[("torch", "decoder")] = decoder  # what load_part would load
 
     def opened(entry, **kw):
-        return open_vocoder(load_plan({"vocoder": entry}).get("vocoder"), Context(**{**ctx.__dict__, **kw}))
+        return open_vocoder(load_plan({"vocoder": entry}).get("vocoder"), OpenContext(**{**ctx.__dict__, **kw}))
 
     voc = opened({"impl": "torch", "options": {"main": 8}})
     assert isinstance(voc, TorchVocoder) and voc.contract.codes_length == 8

@@ -150,8 +150,6 @@ class SynthesisOptions:
     split_sentences: bool = True
     # Pieces are at most this many characters when splitting (long prompts drift and run away).
     max_sentence_chars: int = 200
-    # Seconds of silence appended to the ICL reference audio: stops reference-audio bleed.
-    trailing_silence: float = 0.0
     # Speaking rate (0.25-4.0; 2.0 = twice as fast): a pitch-preserving time stretch of the audio
     # (qtts.audio.stretch, streaming WSOLA); the model itself has no rate control. 1.0 = untouched.
     speed: float = 1.0
@@ -179,8 +177,6 @@ class SynthesisOptions:
             raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
         if not 64 <= self.context_frames <= 32768:
             raise InputError(f"context_frames must be in [64, 32768], got {self.context_frames}")
-        if not 0.0 <= self.trailing_silence <= 5.0:
-            raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
         if not _within(self.speed, MIN_SPEED, MAX_SPEED):
             raise InputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}] (1.0 = unchanged), got {self.speed}")
 

@@ -42,11 +42,12 @@ class CodesFile(NamedTuple):
 
 
 def check_codes(array, what: str = "codes", codebook_size: int = CODEBOOK_SIZE,
-                allow_empty: bool = False) -> np.ndarray:
-    """``array`` as int64 ``[frames, 16]`` codes in ``[0, codebook_size)``, or an InputError naming the problem."""
+                allow_empty: bool = False, num_codebooks: int = NUM_CODEBOOKS) -> np.ndarray:  # fmt: skip
+    """``array`` as int64 ``[frames, num_codebooks]`` codes in ``[0, codebook_size)``, or an InputError
+    naming the problem. The one check of codes: files, ``TTS.decode`` and every vocoder step."""
     codes = np.asarray(array)
-    if codes.ndim != 2 or codes.shape[1] != NUM_CODEBOOKS:
-        raise InputError(f"{what}: expected codes of shape [frames, {NUM_CODEBOOKS}], got shape {codes.shape}")
+    if codes.ndim != 2 or codes.shape[1] != num_codebooks:
+        raise InputError(f"{what}: expected codes of shape [frames, {num_codebooks}], got shape {codes.shape}")
     if codes.dtype.kind not in "iu":
         raise InputError(f"{what}: codes must be integers, got dtype {codes.dtype}")
     if not allow_empty and not len(codes):

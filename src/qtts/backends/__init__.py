@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from .base import Backend, Context, Vocoder
+from .base import Backend, OpenContext, Vocoder
 from .plan import Plan
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
@@ -82,7 +82,7 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     check_plan_source(plan, snapshot)
     if int(max_batch) < 1:
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
-    ctx = Context(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
+    ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
     return Components(
@@ -134,7 +134,7 @@ def snapshot_dir(model) -> str:
     return resolve_snapshot(model)
 
 
-def _generation(plan: Plan, ctx: Context) -> Backend:
+def _generation(plan: Plan, ctx: OpenContext) -> Backend:
     """Talker and predictor run in one runtime; a torch talker may pair with a qnn predictor."""
     talker, predictor = plan.get("talker"), plan.get("predictor")
     impls = {talker.impl, predictor.impl} - {"torch"} or {"torch"}
@@ -151,12 +151,12 @@ def _generation(plan: Plan, ctx: Context) -> Backend:
     return _opener(impl, "generation")(talker, predictor, ctx)
 
 
-def _part(name: str, plan: Plan, ctx: Context):
+def _part(name: str, plan: Plan, ctx: OpenContext):
     spec = plan.get(name)
     return _opener(spec.impl, name)(spec, ctx)
 
 
-def _lazy_part(name: str, plan: Plan, ctx: Context) -> LazyPart:
+def _lazy_part(name: str, plan: Plan, ctx: OpenContext) -> LazyPart:
     spec = plan.get(name)
     opener = _opener(spec.impl, name)  # a runtime that cannot run this part fails at load, not at first use
     return LazyPart(lambda: opener(spec, ctx))

@@ -86,7 +86,7 @@ class Vocoder(Protocol):
 
 
 @dataclass
-class Context:
+class OpenContext:
     """What the openers of one :func:`qtts.backends.open` call share."""
 
     snapshot: str  # the checkpoint directory

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import Context, run_predictor_steps
+from .base import OpenContext, run_predictor_steps
 from .bundle import read_manifest
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 
@@ -303,7 +303,7 @@ def session_contract(session, path: str) -> StepContract:
 
 
 # ----------------------------------------------------------------------------- openers
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> OnnxBackend:
     """The bundle manifest lies next to the talker graph and names the tables and the text projection."""
     if talker_spec.impl != "onnx" or predictor_spec.impl != "onnx":
         raise InputError("an onnx plan must name both 'talker' and 'predictor' (impl: onnx)")
@@ -315,7 +315,7 @@ def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
     return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
 
 
-def open_vocoder(spec, ctx: Context) -> OnnxVocoder:
+def open_vocoder(spec, ctx: OpenContext) -> OnnxVocoder:
     """Plan options: ``threads``."""
     return OnnxVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("threads", ctx.threads))
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError, QttsError, require
-from .base import Context, run_predictor_steps
+from .base import OpenContext, run_predictor_steps
 from .onnx import OnnxVocoder
 from .torch import TorchBackend, load_part
 
@@ -224,7 +224,7 @@ class QnnVocoder(OnnxVocoder):
         super().__init__(main, first, session_factory=lambda path: qnn_session(path, opts))
 
 
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> QnnBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> QnnBackend:
     if predictor_spec.impl != "qnn" or talker_spec.impl != "torch":
         raise InputError("impl qnn runs the predictor only; name it in the plan (the talker stays torch)")
     talker = load_part(ctx, "talker")

@@ -18,9 +18,10 @@ import threading
 
 import numpy as np
 
+from ..audio.codes import check_codes
 from ..errors import InputError, require
-from .base import Context, run_predictor_rows, run_predictor_steps
-from .vocoder_step import StepContract, StepVocoder, check_codes, rope_freqs
+from .base import OpenContext, run_predictor_rows, run_predictor_steps
+from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def load_part(ctx: Context, name: str):
+def load_part(ctx: OpenContext, name: str):
     """The torch module of checkpoint component ``name`` (talker, speaker_encoder, decoder, encoder).
 
     Loaded once per context. The speech tokenizer stays fp32 whatever the talker dtype: bf16
@@ -233,7 +234,8 @@ class _FullStream:
         self._codes = np.zeros((0, self.vocoder.decoder.config.num_quantizers), dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        codes = check_codes(codes, self.vocoder.decoder.config.num_quantizers)
+        codes = check_codes(codes, "vocoder codes", allow_empty=True,
+                            num_codebooks=self.vocoder.decoder.config.num_quantizers)  # fmt: skip
         done = len(self._codes) * self.samples_per_frame
         self._codes = np.concatenate([self._codes, codes])
         if not len(codes):
@@ -297,11 +299,11 @@ class TorchSpeechEncoder:
 
 
 # ----------------------------------------------------------------------------- openers
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> TorchBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> TorchBackend:
     return TorchBackend(load_part(ctx, "talker"), threads=ctx.threads)
 
 
-def open_vocoder(spec, ctx: Context):
+def open_vocoder(spec, ctx: OpenContext):
     """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``."""
     decoder = load_part(ctx, "decoder")
     if spec.options.get("mode", "step") == "full":

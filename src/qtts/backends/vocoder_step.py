@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..audio.codes import check_codes
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError
 
@@ -71,15 +72,6 @@ class StepContract:
         """True when two steps share one state layout (they may differ only in B)."""
         keys = ("cache_size", "head_dim", "kv_slots", "inv_freq")
         return all(getattr(self, k) == getattr(other, k) for k in keys)
-
-
-def check_codes(codes: np.ndarray, nq: int = NUM_CODEBOOKS) -> np.ndarray:
-    codes = np.asarray(codes)
-    if codes.ndim != 2 or codes.shape[1] != nq:
-        raise InputError(f"codes must be [n, {nq}], got shape {codes.shape}")
-    if codes.size and codes.min() < 0:
-        raise InputError("codes must be >= 0 (padding frames must be removed before decoding)")
-    return codes.astype(np.int64, copy=False)
 
 
 def pair_contracts(contracts: dict, main: str) -> StepContract:
@@ -136,7 +128,7 @@ class StepStream:
         return fits if fits is not None or not self.steps.exact_remainder else left
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        frames = np.concatenate([self._pending, check_codes(codes, self.contract.num_quantizers)])
+        frames = np.concatenate([self._pending, check_codes(codes, "vocoder codes", allow_empty=True, num_codebooks=self.contract.num_quantizers)])
         skip = len(self._pending) * self.samples_per_frame
         self._pending = frames[:0]
         outs, i = [], 0

@@ -58,7 +58,7 @@ class _Row:
 
     def __init__(self, prompt, params, speaker, sink, text=None):
         self.prompt, self.params, self.speaker, self.sink = prompt, params, speaker, sink
-        self.text = text  # a live text source (qtts.text.live.Context) or None
+        self.text = text  # a live text source (qtts.text.live.LiveContext) or None
         self.state = None  # StreamState once admitted
         self.pending: np.ndarray | None = None  # a delivered frame the talker has not been fed yet
         self.closed = False  # set by the consumer (any thread): stop at the next step

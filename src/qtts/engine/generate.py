@@ -18,7 +18,7 @@ list of streams (one batched backend call each), :func:`ready` says whether a st
 next talker step, :func:`release` returns its KV state; :mod:`qtts.engine.batching` drives them.
 
 Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
-:class:`qtts.text.live.Context`) instead of the fixed trailing vectors. Its next vector may not exist
+:class:`qtts.text.live.LiveContext`) instead of the fixed trailing vectors. Its next vector may not exist
 yet: :func:`ready` says (non-blocking) whether :func:`advance` can run now, :func:`wait_ready`
 blocks until it can (the one-stream loop calls it), and :func:`frame_limit` is the frame budget,
 which grows with the text until the text is complete. A scheduler that steps several streams
@@ -192,7 +192,7 @@ class StreamState:
     watchdog: Watchdog | None
     history: list = field(default_factory=list)  # code 0 of every frame so far
     finish_reason: str | None = None
-    #: a live text source (ready/wait/vector/frame_limit, see qtts.text.live.Context) that replaces
+    #: a live text source (ready/wait/vector/frame_limit, see qtts.text.live.LiveContext) that replaces
     #: ``trailing``; None = the prompt's trailing text, then ``pad``
     text: Any = None
 

@@ -2,7 +2,7 @@
 
 :class:`TextFeed` is the one place text comes in (``push`` from any thread, ``close`` at the end
 of input) and final token ids come out (:mod:`qtts.text.incremental`). The generation loop reads it
-through a :class:`Context`, one per talker context, which is the ``StreamState.text`` source of
+through a :class:`LiveContext`, one per talker context, which is the ``StreamState.text`` source of
 :mod:`qtts.engine.generate`: ``ready(step)`` (non-blocking), ``wait(step, cancel)`` (blocking) and
 ``vector(step)``. In the streaming text layout the text ids form one stream ``prefix + body +
 [tts_eos]`` (:class:`qtts.text.prompt.TextStream`): step ``s`` takes id ``prefill + s``; an id that is
@@ -116,7 +116,7 @@ class TextFeed:
                     return None
                 if len(ids) >= stream.body_needed or (self.closed and ids):
                     self.contexts += 1
-                    return Context(self, stream, backend, max_tokens, budget)
+                    return LiveContext(self, stream, backend, max_tokens, budget)
                 if self.closed:
                     if self.contexts == 0:
                         raise InputError("the text is empty (nothing to speak after removing whitespace and "
@@ -133,7 +133,7 @@ def _is_set(cancel) -> bool:
     return cancel is not None and cancel.is_set()
 
 
-class Context:
+class LiveContext:
     """One talker context's text: the ``StreamState.text`` source (module docstring)."""
 
     def __init__(self, feed: TextFeed, stream, backend, max_tokens: int, budget):
