@@ -206,3 +206,42 @@ def test_the_batch_seam_is_a_protocol():
     assert methods <= set(dir(BatchBackend))
     for cls in (TorchBackend, OnnxBatchBackend):  # the batched runtimes implement every method of it
         assert methods <= set(dir(cls)), cls
+
+
+_TRACE = r"""
+import inspect, json, os, sys, threading
+import qtts
+root = os.path.dirname(qtts.__file__)
+seen = set()
+def prof(frame, event, arg):
+    code = frame.f_code
+    if event != "call" or not code.co_flags & inspect.CO_OPTIMIZED or not code.co_filename.startswith(root):
+        return  # not a function (module and class bodies run at import are not counted)
+    seen.add(os.path.relpath(code.co_filename, root).replace(os.sep, "/"))
+threading.setprofile(prof)
+sys.setprofile(prof)
+tts = qtts.load(sys.argv[1])
+for chunk in tts.stream("Hello there.", speaker=tts.speakers[0], options=qtts.SynthesisOptions(max_frames=4)):
+    pass
+sys.setprofile(None)
+threading.setprofile(None)
+print(json.dumps(sorted(f for f in seen if not f.startswith("model/"))))
+"""
+
+
+def test_files_one_request_runs(tiny_snapshot):
+    """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute (measured here)."""
+    import json
+    import subprocess
+    import sys
+
+    snapshot = tiny_snapshot(kind="custom_voice")
+    out = subprocess.run([sys.executable, "-c", _TRACE, snapshot], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=SRC), timeout=300)  # fmt: skip
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "api.py" in ran and "engine/stream.py" in ran and "engine/generate.py" in ran
+    with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
+        block = fh.read().split("<!-- request-files -->", 1)[1].split("<!-- /request-files -->", 1)[0]
+    listed = re.findall(r"`([\w/]+\.py)`", block)
+    assert sorted(listed) == ran, f"docs/design.md lists {sorted(listed)}, a request runs {ran}"
+    assert f"{len(ran)} files" in block

@@ -79,7 +79,8 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
     plan = load_plan(plan)
-    check_plan_source(plan, snapshot)
+    if plan.path is not None:  # a plan file: its bundle (if any) must come from this checkpoint
+        check_plan_source(plan, snapshot)
     if int(max_batch) < 1:
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
     ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))

@@ -70,7 +70,10 @@ class BatchBackend(Backend, Protocol):
 
 
 class VocoderStream(Protocol):
-    """One utterance's streaming vocoder: every frame is final when decoded (no flush)."""
+    """One utterance's streaming vocoder: every frame is final when decoded (no flush).
+
+    ``decode`` takes frames int64 ``[n, 16]`` in ``[0, codebook_size)`` and raises InputError on
+    others (:func:`qtts.audio.codes.check_codes`, the one check of codes)."""
 
     samples_per_frame: int
 
