@@ -180,6 +180,8 @@ def _runtime(impl: str):
         from . import rknn as module
     elif impl == "qnn":
         from . import qnn as module
+    elif impl == "executorch":
+        from . import executorch as module
     else:
-        raise InputError(f"unknown impl '{impl}'; valid: torch, onnx, rknn, qnn")
+        raise InputError(f"unknown impl '{impl}'; valid: torch, onnx, rknn, qnn, executorch")
     return module

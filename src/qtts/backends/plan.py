@@ -32,7 +32,7 @@ from ..errors import InputError
 COMPONENTS = ("talker", "predictor", "vocoder", "speaker_encoder", "speech_encoder")
 #: names older qtts versions wrote (plan keys, manifest keys) -> today's name
 LEGACY_NAMES = {"code_predictor": "predictor", "speech_decoder": "vocoder"}
-IMPLS = ("torch", "onnx", "rknn", "qnn")
+IMPLS = ("torch", "onnx", "rknn", "qnn", "executorch")
 PLAN_VERSION = 1
 _ENTRY_KEYS = ("impl", "artifacts", "options", "precision")
 

@@ -28,6 +28,8 @@ Graphs:
 * :class:`TextProjectionGraph`: ``text_projection`` over host-gathered ``text_embedding`` rows.
 * :class:`PlainPredictorStep`: one predictor vector with plain ops only, for NPUs (see
   :mod:`qtts.export.qnn`).
+* :class:`PlainTalkerStep`: one talker position with plain ops, a fixed-size KV cache in and out
+  and the position as an input (ExecuTorch, :mod:`qtts.export.executorch`).
 """
 
 from __future__ import annotations
@@ -292,6 +294,21 @@ class TextProjectionGraph(nn.Module):
         return self.proj(rows)
 
 
+def plain_attention(attn, x, cos, sin, slot, mask, kv, cfg):
+    """One new row through ``attn`` over a fixed ``[2, kv_heads, S, hd]`` cache with plain ops: the
+    row is written at the one-hot ``slot [1, S]``, ``mask [1, S]`` is additive -> (out, new cache)."""
+    slots = int(slot.shape[-1])
+    q, k, v = (t[0] for t in attn.qkv(x, cos, sin, shape=(1, 1)))  # [heads, 1, hd], [kvh, 1, hd] x2
+    sel = slot.view(1, slots, 1)
+    kc = kv[0] * (1.0 - sel) + k * sel
+    vc = kv[1] * (1.0 - sel) + v * sel
+    heads, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim  # python ints: no Shape
+    qg = q.reshape(kvh, heads // kvh, hd)
+    scores = torch.matmul(qg, kc.transpose(1, 2)) * (hd**-0.5) + mask.view(1, 1, slots)
+    out = torch.matmul(torch.softmax(scores, dim=-1), vc).reshape(1, 1, heads * hd)
+    return attn.o_proj(out), torch.stack([kc, vc])
+
+
 class PlainPredictorStep(nn.Module):
     """One vector through the predictor with plain, fixed-shape ops (QNN HTP, ExecuTorch).
 
@@ -311,28 +328,50 @@ class PlainPredictorStep(nn.Module):
         self.register_buffer("heads", torch.stack([h.weight.detach() for h in predictor.lm_head]))
         self.slots = slots
 
-    def _attn(self, attn, x, cos, sin, slot, mask, kv):
-        q, k, v = (t[0] for t in attn.qkv(x, cos, sin, shape=(1, 1)))  # [heads, 1, hd], [kvh, 1, hd] x2
-        sel = slot.view(1, self.slots, 1)  # write the new row at the one-hot slot
-        kc = kv[0] * (1.0 - sel) + k * sel
-        vc = kv[1] * (1.0 - sel) + v * sel
-        cfg = self.cfg  # python ints: no Shape / Pow nodes in the graph
-        heads, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        qg = q.reshape(kvh, heads // kvh, hd)
-        scores = torch.matmul(qg, kc.transpose(1, 2)) * (hd**-0.5) + mask.view(1, 1, self.slots)
-        out = torch.matmul(torch.softmax(scores, dim=-1), vc).reshape(1, 1, heads * hd)
-        return attn.o_proj(out), torch.stack([kc, vc])
-
     def forward(self, embeds, slot, mask, head, kv):
         x = self.p.small_to_mtp_projection(embeds)
         cos = torch.matmul(slot, self.cos).view(1, 1, -1)
         sin = torch.matmul(slot, self.sin).view(1, 1, -1)
         new = []
         for i, layer in enumerate(self.p.model.layers):
-            o, kvi = self._attn(layer.self_attn, layer.input_layernorm(x), cos, sin, slot, mask, kv[i])
+            o, kvi = plain_attention(layer.self_attn, layer.input_layernorm(x), cos, sin, slot, mask, kv[i], self.cfg)
             x = x + o
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             new.append(kvi)
         x = self.p.model.norm(x).view(1, 1, -1)
         w = self.heads[head]  # [1, vocab, hidden]: Gather of the chosen head
         return torch.matmul(x, w.transpose(1, 2)).view(1, -1), torch.stack(new)
+
+
+class PlainTalkerStep(nn.Module):
+    """One talker position with plain, fixed-shape ops (ExecuTorch): ``(embeds [1,1,H], pos [1]
+    int64, kv [layers, 2, kv_heads, max_len, head_dim]) -> (logits [1, vocab], hidden [1, H], kv_out)``.
+
+    ``pos`` selects the RoPE row and the cache slot written (one-hot ``arange == pos``) and masks
+    the slots after it (-1e4); ``hidden`` is after the final norm (what the predictor gets).
+    """
+
+    def __init__(self, talker, max_len: int, mask_neg: float = -1e4):
+        super().__init__()
+        self.t = talker.float().eval()
+        cfg = self.cfg = talker.cfg
+        cos, sin = rope_cos_sin(torch.arange(max_len), cfg.head_dim, cfg.rope_theta, torch.float32)
+        self.register_buffer("cos", cos)  # [L, hd]
+        self.register_buffer("sin", sin)
+        self.register_buffer("slots", torch.arange(max_len, dtype=torch.int64).view(1, max_len))
+        self.mask_neg = float(mask_neg)
+
+    def forward(self, embeds, pos, kv):
+        slot = (self.slots == pos.view(1, 1)).to(torch.float32)  # [1, L] one-hot
+        mask = torch.where(self.slots <= pos.view(1, 1), 0.0, self.mask_neg)
+        cos = torch.matmul(slot, self.cos).view(1, 1, -1)
+        sin = torch.matmul(slot, self.sin).view(1, 1, -1)
+        x, new = embeds, []
+        for i, layer in enumerate(self.t.model.layers):
+            o, kvi = plain_attention(layer.self_attn, layer.input_layernorm(x), cos, sin, slot, mask, kv[i], self.cfg)
+            x = x + o
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            new.append(kvi)
+        hidden = self.t.model.norm(x).view(1, -1)
+        return self.t.codec_head(hidden), hidden, torch.stack(new)
+
