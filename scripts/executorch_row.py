@@ -5,6 +5,10 @@ Run in the ExecuTorch environment (not in CI; ~1-2 min on a tiny checkpoint)::
     bash scripts/setup_executorch_env.sh
     .venv-et/bin/qtts random-checkpoint --size tiny /tmp/tiny
     .venv-et/bin/python scripts/executorch_row.py --model /tmp/tiny [--frames 16] [--codes-length 4]
+    .venv-et/bin/python scripts/executorch_row.py --model /tmp/tiny --bundle et-int4   # a bundle's .pte files
+
+With ``--bundle`` (a ``qtts export executorch`` folder) nothing is exported: the bundle's predictor
+and vocoder steps are measured (any ``--weights``), and its talker step's ms per position too.
 
 Code predictor: the plain fixed-shape step (``qtts.export.qnn``) lowered to XNNPACK; for
 ``--frames`` random talker hidden states and code-0 values (fixed seed), greedy codebooks 1-15
@@ -26,8 +30,9 @@ import numpy as np
 import torch
 
 from qtts.audio.chunk import snr_db
-from qtts.backends.executorch import EtVocoder, load_method, method_runner
-from qtts.backends.qnn import PlainPredictor, torch_tables
+from qtts.backends.executorch import EtVocoder, load_method, method_runner, read_contract
+from qtts.backends.plain import PlainPredictor
+from qtts.backends.qnn import torch_tables
 from qtts.backends.torch import TorchBackend, TorchVocoder
 from qtts.engine.sampling import PredictorSampler
 from qtts.export.executorch import export_predictor_pte, export_vocoder_pte
@@ -111,12 +116,40 @@ def vocoder_row(decoder, pte: str, contract, frames: int) -> dict:
     }
 
 
+def talker_row(talker, pte: str, max_len: int) -> dict:
+    """ms per talker position at mid-context: the bundle's talker step vs the torch talker."""
+    cfg = talker.cfg
+    run = method_runner(load_method(pte, 1))
+    kv = np.zeros((cfg.num_hidden_layers, 2, cfg.num_key_value_heads, max_len, cfg.head_dim), np.float32)
+    x = np.random.default_rng(2).standard_normal((1, 1, cfg.hidden_size)).astype(np.float32)
+    pos = np.array([max_len // 2], np.int64)
+    cache = talker.new_cache(max_len)
+    xt = torch.from_numpy(x)
+
+    def torch_step():
+        with torch.inference_mode():
+            talker(xt, max_len // 2, cache)
+
+    return {"ms_per_position_executorch": _median_ms(lambda: run(x, pos, kv), 20),
+            "ms_per_position_torch": _median_ms(torch_step, 20), "talker_slots": max_len}  # fmt: skip
+
+
+def _bundle_steps(bundle: str) -> tuple[dict, dict, tuple]:
+    with open(os.path.join(bundle, "manifest.json")) as fh:
+        graphs = json.load(fh)["graphs"]
+    pred = {**graphs["predictor"], "path": os.path.join(bundle, graphs["predictor"]["file"])}
+    voc = {**graphs["vocoder"], "path": os.path.join(bundle, graphs["vocoder"]["file"])}
+    voc["contract"] = read_contract(voc["path"])
+    return pred, voc, (os.path.join(bundle, graphs["talker"]["file"]), int(graphs["talker"]["max_len"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="snapshot directory")
     ap.add_argument("--frames", type=int, default=16, help="frames for both checks (default 16)")
     ap.add_argument("--codes-length", type=int, default=4, help="vocoder frames per step (default 4)")
     ap.add_argument("--out", help="directory for the .pte files (default: a temp dir)")
+    ap.add_argument("--bundle", help="measure this `qtts export executorch` bundle instead of exporting")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = args.out or tempfile.mkdtemp(prefix="qtts-et-")
@@ -124,19 +157,26 @@ def main() -> None:
     talker = ckpt.model.talker.float().eval()
     decoder = ckpt.speech_tokenizer.decoder.float().eval()
     t0 = time.perf_counter()
-    pred = export_predictor_pte(talker, os.path.join(out, "predictor_step.pte"))
-    voc = export_vocoder_pte(
-        decoder, args.codes_length, os.path.join(out, f"vocoder_step{args.codes_length}.pte")
-    )
+    if args.bundle:
+        pred, voc, talker_pte = _bundle_steps(args.bundle)
+    else:
+        pred = export_predictor_pte(talker, os.path.join(out, "predictor_step.pte"))
+        voc = export_vocoder_pte(
+            decoder, args.codes_length, os.path.join(out, f"vocoder_step{args.codes_length}.pte")
+        )
     export_s = time.perf_counter() - t0
     row = {"model": os.path.abspath(args.model), "export_s": round(export_s, 1)}
     row["predictor_pte"] = {k: v for k, v in pred.items() if k != "path"}
     row["vocoder_pte"] = {k: v for k, v in voc.items() if k not in ("path", "contract")}
     row.update(predictor_row(talker, pred["path"], args.frames))
-    row.update(vocoder_row(decoder, voc["path"], voc["contract"], max(args.frames, 2 * args.codes_length)))
+    b = voc["contract"].codes_length
+    row.update(vocoder_row(decoder, voc["path"], voc["contract"], max(args.frames, 2 * b)))
+    if args.bundle:
+        row.update(talker_row(talker, *talker_pte))
     print(json.dumps(row, indent=2))
+    label = f"bundle {os.path.basename(os.path.normpath(args.bundle))}" if args.bundle else "fp32"
     print(
-        f"| ExecuTorch XNNPACK fp32 (predictor + vocoder step) | codebooks 1-15 "
+        f"| ExecuTorch XNNPACK {label} (predictor + vocoder step) | codebooks 1-15 "
         f"{row['codebooks_1_15_agreement']:.4f} | logit SNR min/median {row['logit_snr_db_min']:.1f} / "
         f"{row['logit_snr_db_median']:.1f} dB | vocoder {row['vocoder_snr_db']:.1f} dB | predictor "
         f"{row['ms_per_frame_executorch']:.2f} ms/frame vs torch {row['ms_per_frame_torch']:.2f} | vocoder "

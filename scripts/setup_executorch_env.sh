@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv-et: ExecuTorch 1.5.1 (XNNPACK) next to torch 2.13 CPU, plus qtts (editable), for
-# scripts/executorch_row.py. Separate from .venv because executorch pulls ~1.5 GB (torchao,
-# coremltools, pandas, ...). Idempotent: a stamp file makes a second run a fast no-op.
-#   bash scripts/setup_executorch_env.sh          # ~70 s on a 2-core machine
+# Create .venv-et: ExecuTorch 1.5.1 (XNNPACK) + torchao next to torch 2.13 CPU, plus qtts (editable,
+# the [executorch] extra), for `qtts export executorch`, plans with impl "executorch", the tests that
+# run them (scripts/test.sh calls this) and scripts/executorch_row.py. Separate from .venv because
+# executorch pulls ~1.5 GB (torchao, coremltools, pandas, ...). Idempotent: a stamp file makes a
+# second run a fast no-op.
+#   bash scripts/setup_executorch_env.sh          # 70 s on an idle 2-core machine, 4.5 min under load 6
 #   ET_VENV=/path bash scripts/setup_executorch_env.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,6 @@ VPY="$VENV/bin/python"
 $VPY -m pip install -q -U pip wheel
 # executorch declares no torch dependency: pin the CPU torch qtts uses so no other torch is pulled
 $VPY -m pip install -q executorch==1.5.1 torch==2.13.0
-$VPY -m pip install -q -e .
+$VPY -m pip install -q -e ".[executorch]"
 $VPY -c "from executorch.runtime import Runtime; import qtts; print('executorch ready:', Runtime.get().backend_registry.registered_backend_names)" >&2
 touch "$STAMP"

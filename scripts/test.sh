@@ -30,7 +30,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 if [ ! -x .venv/bin/python ]; then
   echo "scripts/test.sh: first run: creating .venv with torch 2.13.0 (CPU) and the test extras," \
-       "qwen-tts 0.1.1 (parity), the RKNN converter env .venv-rknn$([ $need_chromium = 1 ] && echo ', and Debian chromium via apt')" \
+       "qwen-tts 0.1.1 (parity), the RKNN converter env .venv-rknn, the ExecuTorch env .venv-et$([ $need_chromium = 1 ] && echo ', and Debian chromium via apt')" \
        "— several minutes and ~5 GB; later runs reuse them" >&2
 fi
 
@@ -52,6 +52,10 @@ fi
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1
 if [ -f scripts/setup_rknn_env.sh ]; then
   bash scripts/setup_rknn_env.sh
+fi
+# ExecuTorch 1.5.1 + torchao (~1.5 GB, 1-5 min): tests/test_executorch.py drives .venv-et/bin/python
+if [ -f scripts/setup_executorch_env.sh ]; then
+  bash scripts/setup_executorch_env.sh
 fi
 
 # -- lint, then the suite ---------------------------------------------------------------------

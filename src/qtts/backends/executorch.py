@@ -54,8 +54,12 @@ def method_runner(method):
     """numpy-in/numpy-out ``run(*arrays)`` over an ExecuTorch method (outputs copied out)."""
     torch = require("torch", "executorch", _HINT)
 
+    def tensor(a):  # torch needs writable memory: a read-only table row (memory-mapped) is copied
+        a = np.asarray(a)
+        return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))
+
     def run(*arrays):
-        outs = method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        outs = method.execute([tensor(a) for a in arrays])
         return [np.array(o.numpy()) for o in outs]
 
     return run
