@@ -99,6 +99,9 @@ def test_main_env_names_the_executorch_extra(bundle, tmp_path, capsys):
     _, argv = _say(["-m", snap, "--plan", os.path.join(out, "plan.json"), "--speaker", speaker], tmp_path, "x")
     assert main(argv) == 1
     assert "qtts[executorch]" in capsys.readouterr().err
+    fresh = str(tmp_path / "fresh")
+    assert main(["export", "executorch", "-m", snap, "-o", fresh]) == 1  # refused before any work
+    assert "setup_executorch_env.sh" in capsys.readouterr().err and not os.path.exists(fresh)
 
 
 def test_export_refuses_a_non_empty_folder_and_another_checkpoint(bundle, tiny_snapshot, tmp_path, capsys):

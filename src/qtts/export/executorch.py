@@ -164,6 +164,7 @@ def export_et_bundle(model_dir: str, out: str, weights: str = "fp32", max_len: i
         raise InputError(f"{out}: exists and is not a directory; choose another -o")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise InputError(f"{out}: the bundle directory exists and is not empty; pass --force to replace it")
+    require("executorch.exir", "executorch", _HINT)  # before any work: the main install has no executorch
     snapshot = resolve_snapshot(model_dir)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = temp_dir_beside(out, ".bundle.part")
