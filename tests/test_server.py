@@ -83,7 +83,8 @@ def test_health_models_openapi(cv):
 
 
 def test_wav_streams_in_chunks_and_equals_offline(cv):
-    body = {"input": "Hello there, streaming world.", "voice": "vivian", "seed": 7, "max_frames": 12}
+    body = {"input": "Hello there, streaming world.", "voice": "vivian", "seed": 7, "max_frames": 12,
+            "response_format": "wav"}
     chunks = []
     with httpx.stream("POST", cv.url + "/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
@@ -97,6 +98,27 @@ def test_wav_streams_in_chunks_and_equals_offline(cv):
     assert len(samples) == 12 * 1920 and np.isfinite(samples).all()
     ref = offline_pcm(cv.engines[0], body["input"], "vivian", 7, 12)
     assert data[44:] == ref  # the served stream is the offline synthesis, bit for bit
+
+
+def test_default_format_is_streamed_mp3_and_wav_on_flag(cv):
+    """No response_format: MP3 (OpenAI's default), constant-bitrate frames leaving as they are made;
+    the same audio as an explicit mp3 request. ``default_response_format="wav"`` restores WAV."""
+    body = {"input": "Default format.", "voice": "vivian", "seed": 2, "max_frames": 16}
+    with httpx.stream("POST", cv.url + "/v1/audio/speech", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+        chunks = [c for c in r.iter_raw() if c]
+    data = b"".join(chunks)
+    assert len(chunks) >= 3 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0, [len(c) for c in chunks]
+    assert len(chunks[0]) < len(data) / 2  # the first bytes left before the end of the generation
+    assert data == speak(cv.url, **body, response_format="mp3").content
+    samples = decode(data, "mp3")
+    assert abs(len(samples) - 16 * 1920) < 3000 and np.isfinite(samples).all()
+    srv, _ = start_server(cv.engines[0], default_response_format="wav", max_frames=4)
+    try:
+        r = speak(srv.url, input="Old default.", voice="ryan")
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/wav" and r.content[:4] == b"RIFF"
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "flac", "mp3", "opus"])
@@ -155,7 +177,7 @@ def test_disconnect_cancels_generation(cv, monkeypatch):
 
     monkeypatch.setattr(Job, "cancel", recording_cancel)
     body = {"input": "A long sentence that would take many frames to finish.", "voice": "vivian",
-            "seed": 5, "max_frames": 48}
+            "seed": 5, "max_frames": 48, "response_format": "wav"}
     before_frames = app_metrics.frames.value()
     before_cancel = metric(cv.url, "qtts_requests_cancelled_total")
     with httpx.stream("POST", cv.url + "/v1/audio/speech", json=body, timeout=120) as r:
@@ -198,7 +220,7 @@ def _hostile_cases(max_input: int) -> list[tuple]:
         ("input control chars", "POST", sp, {"json": {**ok, "input": "\x00\x01\x02"}}, 400, ["empty"]),
         ("input too long", "POST", sp, {"json": {**ok, "input": "a" * (max_input + 1)}}, 400, ["limit"]),
         ("body too large", "POST", sp, {"json": {**ok, "input": "b" * 40000}}, 413, ["too large"]),
-        ("unknown voice", "POST", sp, {"json": {**ok, "voice": "alloy"}}, 404, ["unknown voice", "vivian"]),
+        ("unknown voice", "POST", sp, {"json": {**ok, "voice": "alice"}}, 404, ["unknown voice", "vivian"]),
         ("voice traversal", "POST", sp, {"json": {**ok, "voice": "../../etc/passwd"}}, 400, ["invalid voice"]),
         ("voice absolute", "POST", sp, {"json": {**ok, "voice": "/etc/passwd"}}, 400, ["invalid voice"]),
         ("voice encoded", "POST", sp, {"json": {**ok, "voice": "%2e%2e%2fx"}}, 400, ["invalid voice"]),
