@@ -12,7 +12,7 @@ def test_wheel_contains_the_page_and_wyoming(tmp_path):
 
     (wheel,) = list(WheelBuilder(REPO_ROOT).build(directory=str(tmp_path), versions=["standard"]))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("index.html", "app.js", "style.css", "icon.svg"):
+    for name in ("index.html", "app.js", "style.css", "icon.svg", "docs.html", "docs.js"):
         assert f"qtts/server/static/{name}" in names, name
     for name in ("__init__.py", "catalog.py", "handler.py", "service.py"):
         assert f"qtts/wyoming/{name}" in names, name

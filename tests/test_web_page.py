@@ -167,13 +167,50 @@ def test_page_files_and_info_route(cv17):
         for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("icon.svg", "image/svg+xml")]:
             r = httpx.get(f"{srv.url}/ui/{name}")
             assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and r.content
-        for name in ("", "ui/app.js", "ui/style.css"):  # nothing from a CDN or another origin
+        for name in ("", "ui/app.js", "ui/style.css", "docs", "ui/docs.js"):  # nothing from a CDN or another origin
             text = httpx.get(f"{srv.url}/{name}").text
             assert "http://" not in text and "https://" not in text, name
         info = httpx.get(srv.url + "/ui/info").json()
         assert info["instruct"] and not info["cloning"] and info["speakers"] == sorted(cv17.speakers)
         paths = httpx.get(srv.url + "/openapi.json").json()["paths"]
         assert "/" not in paths and "/ui/info" not in paths  # the page is not part of the API
+    finally:
+        srv.stop()
+
+
+def _recorded(ctx) -> list[str]:
+    """Every request of every page of ``ctx`` (main documents, scripts, fetches, icons)."""
+    urls: list[str] = []
+    ctx.on("request", lambda req: urls.append(req.url))
+    return urls
+
+
+def test_pages_contact_only_their_own_origin(browser, cv17):
+    """``/`` (with a synthesis) and ``/docs`` in Chromium: every request goes to the server's own
+    origin (FastAPI's CDN-loaded Swagger UI and ReDoc are off; /docs renders /openapi.json itself)."""
+    srv, _ = start_server(cv17, max_frames=FRAMES)
+    try:
+        ctx = browser.new_context()
+        urls = _recorded(ctx)
+        page = ctx.new_page()
+        problems = []
+        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+        page.goto(srv.url + "/")
+        wait_js(page, "!document.getElementById('play').disabled")
+        play_and_wait(page)
+        page.goto(srv.url + "/docs")
+        routes = wait_js(page, "window.qttsDocs && (window.qttsDocs.routes || window.qttsDocs.error)")
+        assert isinstance(routes, int) and routes >= 8, page.evaluate("window.qttsDocs")
+        text = page.inner_text("#routes")
+        assert "POST /v1/audio/speech" in text and "response_format" in text and "alloy" in text
+        page.wait_for_load_state("networkidle")
+        ctx.close()
+        assert problems == []
+        ours = [u for u in urls if u.startswith(srv.url + "/")]
+        assert len(ours) >= 10 and {srv.url + "/docs", srv.url + "/openapi.json", srv.url + "/ui/docs.js"} <= set(ours)
+        assert [u for u in urls if u not in ours and not u.startswith(("blob:", "data:"))] == []
+        for gone in ("/redoc", "/docs/oauth2-redirect"):
+            assert httpx.get(srv.url + gone).status_code == 404
     finally:
         srv.stop()
 
