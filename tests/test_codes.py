@@ -176,13 +176,15 @@ def test_decode_refuses_bad_files(tmp_path, capsys):
     np.savez(tmp_path / "codec.npz", codes=good, codec=np.arange(3))
     np.save(tmp_path / "objects.npy", np.array([good, "x"], dtype=object), allow_pickle=True)
     (tmp_path / "text.npy").write_text("hello")
-    cases = {"missing.npy": "no such file", "nocodes.npz": "holds frames", "extra.npz": "holds codes, prime, notes",
+    (tmp_path / "me.wav").write_bytes(b"RIFF" + b"\0" * 60)  # audio given where codes go: not numpy's pickle text
+    cases = {"me.wav": "me.wav: it is WAV audio, not codes; qtts decode takes codec frames saved by qtts say","missing.npy": "no such file", "nocodes.npz": "holds frames", "extra.npz": "holds codes, prime, notes",
              "codec.npz": "'codec' must be one string",
-             "objects.npy": "not a readable", "text.npy": "not a readable", ".": "is a directory"}
+             "objects.npy": "holds Python objects, not integer codes", "text.npy": "not a .npy or .npz file",
+             ".": "is a directory"}
     for name, words in cases.items():
         assert main(["decode", str(tmp_path / name), "-m", "M", "-o", str(tmp_path / "x.wav")]) == 2, name
         err = capsys.readouterr().err.strip()
-        assert words in err and len(err.splitlines()) == 1, (name, err)
+        assert words in err and len(err.splitlines()) == 1 and "pickle" not in err, (name, err)
     np.save(tmp_path / "ok.npy", good)
     assert main(["decode", str(tmp_path / "ok.npy"), "-m", "M", "-o", str(tmp_path / "x.mp4")]) == 2
     assert "cannot tell the audio format" in capsys.readouterr().err

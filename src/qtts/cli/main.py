@@ -1,17 +1,19 @@
 """``qtts``: the parser, ``main(argv)``, and the first-run commands ``demo`` and ``random-checkpoint``.
 
-Exit codes: 0 success, 2 usage/input errors (:class:`~qtts.errors.InputError`), 1 runtime failures.
+Exit codes: 0 success, 2 usage/input errors (:class:`~qtts.errors.InputError`) and a missing optional
+dependency (an extra: one line with its install command), 1 runtime failures.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 import time
 
-from ..errors import InputError, QttsError
+from ..errors import InputError, MissingDependencyError, QttsError, missing_module_message
 from .common import (
     Parser,
     add_stderr_handler,
@@ -96,7 +98,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except InputError as exc:
+    except (InputError, MissingDependencyError) as exc:  # a missing extra is fixed by the user: 2
         print(f"qtts: error: {cli_words(str(exc))}", file=sys.stderr)
         return 2
     except QttsError as exc:
@@ -105,6 +107,34 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("qtts: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # disk full, a file vanished, permissions changed meanwhile: no traceback
+        logging.getLogger(__name__).debug("%s failed", args._run.__name__, exc_info=True)
+        print(f"qtts: failed: {os_error_message(exc)}", file=sys.stderr)
+        return 1
+    except ImportError as exc:  # `import torch` on a core-only install: an install hint, not a traceback
+        run = args._run
+        message = missing_module_message(exc, extra="export" if run.__module__.endswith(".export") else None,
+                                         bundle=run.__name__ in ("run_say", "run_voice_create", "run"))
+        if message is None:
+            raise
+        print(f"qtts: error: {message}", file=sys.stderr)
+        return 2
+
+
+#: errno -> what to do about it
+_OS_FIXES = {errno.ENOSPC: "free some space there or write to another disk",
+             errno.EDQUOT: "free some space there or write to another disk",
+             errno.EROFS: "write to another folder", errno.EACCES: "check the permissions of the folder"}
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OSError: what failed, on which file, and the fix when there is a usual one."""
+    what = exc.strerror or str(exc)
+    where = f" ({exc.filename})" if exc.filename else ""
+    fix = _OS_FIXES.get(exc.errno)
+    return f"{what}{where}" + (f"; {fix}" if fix else "")
 
 
 def _register_demo(sub) -> None:
@@ -113,7 +143,8 @@ def _register_demo(sub) -> None:
     p.add_argument("-o", "--output", default="demo.wav", help="output audio file (default: ./demo.wav)")
     p.add_argument("--tokenizer", help="a folder with the real Qwen2 vocab.json + merges.txt (default: stand-in)")
     p.add_argument("--text", default=SENTENCE, help="the sentence to synthesize")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, the synthetic reference "
+                   "voice and the sampling (default 0); the same seed writes the same demo.wav")
     p.add_argument("--threads", type=number(lo=1), default=1, help="CPU threads (default 1: fastest for the tiny model)")
 
 
@@ -133,12 +164,16 @@ def run_demo(args) -> int:
 
     from .. import load
     from ..audio.chunk import AudioWriter
+    from ..errors import require
     from ..options import SynthesisOptions
+    from ..text.prompt import clean_text
     from ..tools.random_checkpoint import write_random_checkpoint
 
     if args.output == "-":
         raise InputError("-o -: the demo writes a file; give a file name such as demo.wav")
     fmt = check_audio(args.output)
+    clean_text(args.text, what="--text")  # refused before minutes of work
+    require("torch", "torch", "qtts demo (it builds and runs a random checkpoint)")
     print("qtts demo: tiny RANDOM weights -> the output is noise, not speech.")
     t = [time.perf_counter()]
 
@@ -195,6 +230,9 @@ def run_random_checkpoint(args) -> int:
     if not (args.output or args.output_opt) or (args.output and args.output_opt):
         raise InputError("give one output folder: qtts random-checkpoint OUT (or -o OUT)")
     check_folder(args.output or args.output_opt, "OUT", force=args.force)
+    from ..errors import require
+
+    require("torch", "torch", "qtts random-checkpoint")
     t0 = time.perf_counter()
     out = write_random_checkpoint(args.output or args.output_opt, size=args.size, kind=args.kind, layout=args.layout,
                                   seed=args.seed, tokenizer_dir=args.tokenizer, dtype=args.dtype,
