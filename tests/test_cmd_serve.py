@@ -73,7 +73,24 @@ def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
                                   ["serve", "--model", "m", "--max-batch", "0"],
                                   ["serve", "--model", "m", "--max-batch", "2", "--max-concurrency", "2"],
                                   ["serve", "--model", "m", "--ray", "--max-concurrency", "2"],
-                                  ["serve", "--model", "m", "--ray", "--autoscale", "many"]])
+                                  ["serve", "--model", "m", "--ray", "--autoscale", "many"],
+                                  ["serve", "--model", "m", "--voice-alias", "alloy"],
+                                  ["serve", "--model", "m", "--voice-alias", "alloy=../x"],
+                                  ["serve", "--model", "m", "--default-format", "aac"]])
 def test_serve_rejects_bad_flags(argv, capsys):
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_serve_flags_reach_the_settings(tiny_snapshot):
+    """--voice-alias (repeatable, later wins) and --default-format (mp3 unless told)."""
+    from qtts.cli import build_parser
+    from qtts.cli.serve import _settings
+
+    parse = build_parser().parse_args
+    plain = _settings(parse(["serve", "-m", "m"]))
+    assert plain.default_response_format == "mp3" and plain.voice_aliases == ()
+    args = parse(["serve", "-m", "m", "--default-format", "wav", "--voice-alias", "Alloy=ryan",
+                  "--voice-alias", "nova = serena"])
+    s = _settings(args)
+    assert s.default_response_format == "wav" and s.voice_aliases == (("alloy", "ryan"), ("nova", "serena"))

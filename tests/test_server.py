@@ -100,6 +100,18 @@ def test_wav_streams_in_chunks_and_equals_offline(cv):
     assert data[44:] == ref  # the served stream is the offline synthesis, bit for bit
 
 
+def test_errors_speak_http_field_names(cv, base):
+    """A request that lacks what the checkpoint needs gets the field to send, not CLI flags, and
+    model sizes as users spell them (0.6b, not the config's 0b6)."""
+    for srv, body, words in ((base, {"input": "No voice."}, ["'voice' (an uploaded voice: POST /v1/voices",
+                                                            "'file'", "base 0.6b checkpoint"]),
+                             (cv, {"input": "No voice."}, ["'voice' <one of:", "vivian", "custom_voice 0.6b"]),
+                             (cv, {"input": "Hi.", "voice": "vivian", "instructions": "Calm."},
+                              ["1.7B CustomVoice", "custom_voice 0.6b"])):
+        err = assert_error(speak(srv.url, **body), 400, *words)
+        assert "--" not in err["message"] and "CLI" not in err["message"] and "0b6" not in err["message"], err
+
+
 def test_default_format_is_streamed_mp3_and_wav_on_flag(cv):
     """No response_format: MP3 (OpenAI's default), constant-bitrate frames leaving as they are made;
     the same audio as an explicit mp3 request. ``default_response_format="wav"`` restores WAV."""

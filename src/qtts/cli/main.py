@@ -38,6 +38,10 @@ start here:
   qtts COMMAND --help       the flags of one command
 """
 SENTENCE = "Hello from qtts. This sentence went through every stage of the pipeline."
+#: random talkers never stop by themselves: a call runs to its frame budget, 40 + 8 per text token
+STANDIN_NOTE = ("stand-in tokenizer (no --tokenizer): it splits text into single bytes, so every call runs to a "
+                "longer frame budget (\"Hello.\": 216 frames = 17 s; 56 with the real Qwen2 tokenizer); "
+                "cap it with --max-frames, or pass --tokenizer DIR with the real vocab.json + merges.txt")
 REAL_COMMAND = 'qtts say "Hello" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base --ref-audio me.wav -o out.wav'
 
 
@@ -111,7 +115,9 @@ def _main(argv: list[str] | None) -> int:
         raise
     except OSError as exc:  # disk full, a file vanished, permissions changed meanwhile: no traceback
         logging.getLogger(__name__).debug("%s failed", args._run.__name__, exc_info=True)
-        print(f"qtts: failed: {os_error_message(exc)}", file=sys.stderr)
+        output = getattr(args, "output", None)
+        print(f"qtts: failed: {os_error_message(exc, output if isinstance(output, str) else None)}",
+              file=sys.stderr)
         return 1
     except ImportError as exc:  # `import torch` on a core-only install: an install hint, not a traceback
         run = args._run
@@ -129,12 +135,30 @@ _OS_FIXES = {errno.ENOSPC: "free some space there or write to another disk",
              errno.EROFS: "write to another folder", errno.EACCES: "check the permissions of the folder"}
 
 
-def os_error_message(exc: OSError) -> str:
-    """One line for an OSError: what failed, on which file, and the fix when there is a usual one."""
-    what = exc.strerror or str(exc)
-    where = f" ({exc.filename})" if exc.filename else ""
-    fix = _OS_FIXES.get(exc.errno)
-    return f"{what}{where}" + (f"; {fix}" if fix else "")
+def os_error_message(exc: OSError, output: str | None = None) -> str:
+    """One line for an OSError: what failed, on which file, and the fix when there is a usual one.
+    Some writers (numpy's ``tofile``) raise one without an errno: when the disk of ``output`` (the
+    command's -o) is full, that is said."""
+    code, what, where = exc.errno, exc.strerror or str(exc), exc.filename
+    if code is None and output and not where:
+        where = output
+        if _disk_full(output):
+            code, what = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({exc})"
+        else:
+            what = f"writing the output failed ({exc})"
+    fix = _OS_FIXES.get(code)
+    return what + (f" ({where})" if where else "") + (f"; {fix}" if fix else "")
+
+
+def _disk_full(path: str) -> bool:
+    folder = os.path.dirname(os.path.abspath(path))
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 def _register_demo(sub) -> None:
@@ -234,11 +258,17 @@ def run_random_checkpoint(args) -> int:
 
     require("torch", "torch", "qtts random-checkpoint")
     t0 = time.perf_counter()
-    out = write_random_checkpoint(args.output or args.output_opt, size=args.size, kind=args.kind, layout=args.layout,
-                                  seed=args.seed, tokenizer_dir=args.tokenizer, dtype=args.dtype,
-                                  natural_eos=args.natural_eos, overwrite=args.force)
+    target = args.output or args.output_opt
+    try:
+        out = write_random_checkpoint(target, size=args.size, kind=args.kind, layout=args.layout, seed=args.seed,
+                                      tokenizer_dir=args.tokenizer, dtype=args.dtype, natural_eos=args.natural_eos,
+                                      overwrite=args.force)
+    except OSError as exc:  # name OUT, not the temporary folder that was removed
+        raise OSError(exc.errno, exc.strerror or str(exc), target) from None
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
     print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}) to {out}: "
           f"{total / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
     print("random weights: the audio follows the codes, but it is noise, not speech")
+    if not args.tokenizer:
+        print(STANDIN_NOTE)
     return 0

@@ -190,7 +190,7 @@ def run_say(args) -> int:
                          "drop --non-streaming-text")
     text = live_pieces(args) if args.live else read_text(args)
     if not args.live:
-        from ..prompt import clean_text
+        from ..text.prompt import clean_text
 
         clean_text(text, what="the text")  # empty, or over the 50,000-character limit: before the model loads
     fmt = check_audio(args.output)

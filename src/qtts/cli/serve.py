@@ -42,11 +42,7 @@ def register(sub) -> None:
     p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
                    help="largest voice upload (default 10 MB)")
     p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
-    p.add_argument("--default-format", default="mp3", choices=SUPPORTED_FORMATS,
-                   help="response_format when a request names none (default mp3, as OpenAI; wav: the old default)")
-    p.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE", type=_alias,
-                   help="answer voice NAME with VOICE (a speaker or an uploaded voice id), e.g. alloy=vivian; "
-                   "repeatable; overrides the default table of OpenAI voice names (docs/server.md)")
+    _openai_arguments(p)
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
     p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
@@ -66,6 +62,15 @@ def register(sub) -> None:
                    help="close a session with no message and no audio for S seconds before text.done (default 30)")
     w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
                    help="longest session in seconds (default 1800)")
+
+def _openai_arguments(p) -> None:
+    o = p.add_argument_group("OpenAI drop-in")
+    o.add_argument("--default-format", default="mp3", choices=SUPPORTED_FORMATS,
+                   help="response_format when a request names none (default mp3, as OpenAI; wav: the old default)")
+    o.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE", type=_alias,
+                   help="answer voice NAME with VOICE (a speaker or an uploaded voice id), e.g. alloy=vivian; "
+                   "repeatable; overrides the default table of OpenAI voice names (docs/server.md)")
+
 
 def _alias(text: str) -> tuple[str, str]:
     import argparse
@@ -169,6 +174,10 @@ def run(args) -> int:
     _check_host(args.host)
     settings = _settings(args)
     check_model(args.model)
+    if args.plan:
+        from ..backends.plan import load_plan
+
+        load_plan(args.plan)  # a missing or unreadable plan file: exit 2 before serving
     _access_log()
     if args.ray:
         return _run_ray(args, settings)

@@ -88,7 +88,7 @@ class ServerSettings:
                      "ws_idle_timeout_s", "ws_max_session_s"):
             if not 0 < getattr(self, name) <= 86400:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
-        from ..prompt import MAX_TEXT_CHARS
+        from ..text.prompt import MAX_TEXT_CHARS
 
         for name in ("max_input_chars", "ws_max_message_chars"):
             if getattr(self, name) > MAX_TEXT_CHARS:
