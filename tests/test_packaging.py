@@ -16,4 +16,4 @@ def test_wheel_contains_the_page_and_wyoming(tmp_path):
         assert f"qtts/server/static/{name}" in names, name
     for name in ("__init__.py", "catalog.py", "handler.py", "service.py"):
         assert f"qtts/wyoming/{name}" in names, name
-    assert "qtts/server/page.py" in names and "qtts/stretch.py" in names
+    assert "qtts/server/page.py" in names and "qtts/audio/stretch.py" in names

@@ -122,7 +122,7 @@ def _main(argv: list[str] | None) -> int:
     except ImportError as exc:  # `import torch` on a core-only install: an install hint, not a traceback
         run = args._run
         message = missing_module_message(exc, extra="export" if run.__module__.endswith(".export") else None,
-                                         bundle=run.__name__ in ("run_say", "run_voice_create", "run"))
+                                         bundle=run.__name__ in ("run_say", "run_decode", "run_voice_create", "run"))
         if message is None:
             raise
         print(f"qtts: error: {message}", file=sys.stderr)

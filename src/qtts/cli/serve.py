@@ -63,6 +63,7 @@ def register(sub) -> None:
     w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
                    help="longest session in seconds (default 1800)")
 
+
 def _openai_arguments(p) -> None:
     o = p.add_argument_group("OpenAI drop-in")
     o.add_argument("--default-format", default="mp3", choices=SUPPORTED_FORMATS,
@@ -91,7 +92,8 @@ def _settings(args):
         max_batch=args.max_batch or 1,
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
-        default_response_format=args.default_format, voice_aliases=tuple(args.voice_alias), model_id=args.model_id or args.model,
+        default_response_format=args.default_format, voice_aliases=tuple(args.voice_alias),
+        model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
         ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
