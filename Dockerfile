@@ -39,25 +39,26 @@ RUN --mount=type=bind,source=.,target=/ctx \
     if [ -n "$WHEELS" ]; then set -- --no-index --find-links "/ctx/$WHEELS"; else set --; fi; \
     /opt/qtts/bin/pip install "$@" ".[export]"
 
-# -- what both final images share: a non-root user, the cache and voices volumes ---------------------
+# -- what both final images share: a non-root user, the cache and voices folders ---------------------
 FROM ${BASE} AS common
 RUN useradd --create-home --uid 1000 --user-group qtts \
     && mkdir -p /cache /voices /models \
     && chown qtts:qtts /cache /voices
 ENV PATH=/opt/qtts/bin:$PATH QTTS_CACHE=/cache PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-VOLUME ["/cache", "/voices"]
 WORKDIR /home/qtts
 
 # -- target `plan`: one-shot, builds $QTTS_CACHE/<model>-int8 from /models/<model> if missing --------
 FROM common AS plan
 COPY --from=plan-venv /opt/qtts /opt/qtts
 COPY container/plan.sh /usr/local/bin/qtts-plan
+VOLUME ["/cache"]
 USER qtts
 ENTRYPOINT ["/bin/sh", "/usr/local/bin/qtts-plan"]
 
 # -- default target: the runtime (last stage) --------------------------------------------------------
 FROM common AS runtime
 COPY --from=venv-slim /opt/qtts /opt/qtts
+VOLUME ["/cache", "/voices"]
 USER qtts
 EXPOSE 8000 10200
 ENTRYPOINT ["qtts"]

@@ -3,7 +3,8 @@
 # a tiny random checkpoint -> the `plan` image builds its int8 ONNX plan into a volume -> the
 # runtime image serves it on 127.0.0.1 -> GET /health and one POST /v1/audio/speech (must be WAV)
 # -> the Wyoming service answers `describe`. Everything it starts is removed at the end; the images
-# stay (--rmi removes them too). Not part of CI: a first run takes minutes (wheels, images).
+# stay (--rmi removes them too). --compose: then the same checks on compose.yaml's three services,
+# run by podman-compose (installed with apt if missing). Not part of CI: a first run takes minutes.
 #
 # Podman with runc and cgroupfs, ulimits at or below the current ones, a local Debian base image
 # (debootstrap) and wheels downloaded on the host: the recipe for hosts where base-image registries
@@ -17,11 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RMI=0
+COMPOSE=0
 for arg in "$@"; do
   case "$arg" in
     --rmi) RMI=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "scripts/container.sh: unknown argument $arg (use --rmi or --help)" >&2; exit 2 ;;
+    --compose) COMPOSE=1 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "scripts/container.sh: unknown argument $arg (use --compose, --rmi or --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -35,15 +38,20 @@ P=(podman --runtime runc --cgroup-manager cgroupfs)
 WHEELS=.wheels
 TAG=qtts-check-$$
 T0=$(date +%s)
-declare -A TIMES
+STEPS=()
 
 say() { echo "container.sh: $*"; }
 die() { echo "container.sh: error: $*" >&2; exit "${2:-1}"; }
-lap() { TIMES[$1]=$(( $(date +%s) - $2 )); say "$1: ${TIMES[$1]} s"; }
+now() { date +%s.%N; }
+lap() {  # lap NAME START: say and keep how long step NAME took
+  local s; s=$(awk -v a="$2" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  STEPS+=("$1 $s s"); say "$1: $s s"
+}
 
 # -- prerequisites: say what will be installed before spending minutes ------------------------------
 missing=()
 for tool in podman runc curl python3; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+if [ $COMPOSE = 1 ] && ! command -v podman-compose >/dev/null 2>&1; then missing+=(podman-compose); fi
 if [ -z "${QTTS_BASE:-}" ] && ! command -v debootstrap >/dev/null 2>&1; then missing+=(debootstrap); fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -61,11 +69,12 @@ say "this run will:"
 [ $need_base = 1 ] && say "  - build the base image $BASE with debootstrap (Debian bookworm minbase + python3; ~1.5 min, ~200 MB)"
 [ $need_wheels = 1 ] && say "  - download wheels into $WHEELS/ (torch CPU + onnx + runtime deps, ~400 MB)"
 say "  - build $IMAGE and $PLAN_IMAGE (first time: a few minutes), start containers on 127.0.0.1, then remove them"
+[ $COMPOSE = 1 ] && say "  - run compose.yaml's services with podman-compose (tags the images qtts:latest, qtts-plan:latest)"
 
 # -- base image ---------------------------------------------------------------------------------------
 if [ $need_base = 1 ]; then
   [ "$(id -u)" = 0 ] || die "building $BASE needs root (debootstrap); run as root or set QTTS_BASE" 2
-  t=$(date +%s)
+  t=$(now)
   rootfs=$(mktemp -d /tmp/qtts-rootfs.XXXXXX)
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" >/dev/null
   # what python:3.12-slim leaves out too: package caches and lists, docs, man pages
@@ -83,7 +92,7 @@ build_args=(--build-arg "BASE=$BASE")
 if [ -z "${QTTS_ONLINE:-}" ]; then
   build_args+=(--build-arg "WHEELS=$WHEELS")
   if [ $need_wheels = 1 ]; then
-    t=$(date +%s)
+    t=$(now)
     rm -rf "$WHEELS"; mkdir -p "$WHEELS"
     # the project's own requirements (core + serve + wyoming + export without torch) and its build backend
     mapfile -t reqs < <(python3 - <<'PY'
@@ -117,10 +126,10 @@ else
 fi
 
 # -- images -------------------------------------------------------------------------------------------
-t=$(date +%s)
+t=$(now)
 "${P[@]}" build -q "${ULIMITS[@]}" "${build_args[@]}" -t "$IMAGE" . >/dev/null
 lap "build runtime" "$t"
-t=$(date +%s)
+t=$(now)
 "${P[@]}" build -q "${ULIMITS[@]}" "${build_args[@]}" --target plan -t "$PLAN_IMAGE" . >/dev/null
 lap "build plan" "$t"
 
@@ -128,67 +137,59 @@ lap "build plan" "$t"
 work=$(mktemp -d /tmp/qtts-container.XXXXXX)
 chmod 755 "$work"
 cleanup() {
-  "${P[@]}" rm -f "$TAG-serve" "$TAG-wyoming" >/dev/null 2>&1 || true
-  "${P[@]}" volume rm -f "$TAG-cache" "$TAG-voices" >/dev/null 2>&1 || true
+  "${P[@]}" rm -f -v "$TAG-serve" "$TAG-wyoming" "${TAG}_plan_1" "${TAG}_qtts_1" "${TAG}_wyoming_1" >/dev/null 2>&1 || true
+  "${P[@]}" volume rm -f "$TAG-cache" "$TAG-voices" "${TAG}_cache" "${TAG}_voices" >/dev/null 2>&1 || true
+  "${P[@]}" network rm -f "${TAG}_default" >/dev/null 2>&1 || true
   rm -rf "$work"
-  if [ $RMI = 1 ]; then "${P[@]}" rmi -f "$IMAGE" "$PLAN_IMAGE" >/dev/null 2>&1 || true; fi
+  if [ $RMI = 1 ]; then "${P[@]}" rmi -f "$IMAGE" "$PLAN_IMAGE" localhost/qtts:latest localhost/qtts-plan:latest >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 mkdir -p "$work/models"
 run=("${P[@]}" run --rm "${ULIMITS[@]}")
 mounts=(-v "$work/models:/models:ro" -v "$TAG-cache:/cache")
 
-t=$(date +%s)
+t=$(now)
 "${run[@]}" --user 0 -v "$work/models:/models" --entrypoint python3 "$PLAN_IMAGE" \
   -m qtts random-checkpoint /models/tiny --kind custom_voice
 lap checkpoint "$t"
-t=$(date +%s)
+t=$(now)
 "${run[@]}" "${mounts[@]}" -e QTTS_MODEL=/models/tiny "$PLAN_IMAGE"
 lap plan "$t"
-t=$(date +%s)
+t=$(now)
 "${run[@]}" "${mounts[@]}" -e QTTS_MODEL=/models/tiny "$PLAN_IMAGE"   # second start: finds the bundle
 lap "plan again" "$t"
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-t=$(date +%s)
-"${P[@]}" run -d --name "$TAG-serve" "${ULIMITS[@]}" -p "127.0.0.1:$port:8000" "${mounts[@]}" \
-  -v "$TAG-voices:/voices" "$IMAGE" serve --model /models/tiny --plan /cache/tiny-int8/plan.json \
-  --host 0.0.0.0 --voices /voices >/dev/null
-for _ in $(seq 120); do
-  curl -sf -m 5 -o /dev/null "http://127.0.0.1:$port/health" && break
-  "${P[@]}" container exists "$TAG-serve" || break
-  sleep 1
-done
-health=$(curl -sS -m 5 "http://127.0.0.1:$port/health") || { "${P[@]}" logs "$TAG-serve" | tail -20; die "no /health answer"; }
-lap "serve ready" "$t"
-say "GET /health -> $health"
-t=$(date +%s)
-code=$(curl -sS -m 120 -o "$work/speech.wav" -w '%{http_code}' "http://127.0.0.1:$port/v1/audio/speech" \
-  -H 'Content-Type: application/json' \
-  -d '{"model": "qtts", "input": "Hello from a container.", "voice": "vivian", "response_format": "wav", "max_frames": 40}')
-lap speech "$t"
-magic=$(head -c 12 "$work/speech.wav" | tr -c 'A-Za-z' '.')
-bytes=$(wc -c < "$work/speech.wav")
-say "POST /v1/audio/speech -> HTTP $code, $bytes bytes, starts with $magic"
-[ "$code" = 200 ] && [ "${magic:0:4}" = RIFF ] && [ "${magic:8:4}" = WAVE ] \
-  || { "${P[@]}" logs "$TAG-serve" | tail -20; die "the speech answer is not a WAV"; }
-python3 - "$work/speech.wav" <<'PY'
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_health() {  # wait_health CONTAINER PORT: until /health is 200 (bounded), then say its answer
+  for _ in $(seq 120); do
+    curl -sf -m 5 -o /dev/null "http://127.0.0.1:$2/health" && break
+    "${P[@]}" container exists "$1" || break
+    sleep 1
+  done
+  health=$(curl -sfS -m 5 "http://127.0.0.1:$2/health") || { "${P[@]}" logs "$1" 2>&1 | tail -20; die "$1: no /health answer"; }
+  say "GET /health -> $health"
+}
+check_speech() {  # check_speech CONTAINER PORT: one POST /v1/audio/speech, must answer a WAV
+  local code magic bytes t; t=$(now)
+  code=$(curl -sS -m 120 -o "$work/speech.wav" -w '%{http_code}' "http://127.0.0.1:$2/v1/audio/speech" \
+    -H 'Content-Type: application/json' \
+    -d '{"model": "qtts", "input": "Hello from a container.", "voice": "vivian", "response_format": "wav", "max_frames": 40}')
+  lap "speech ($1)" "$t"
+  magic=$(head -c 12 "$work/speech.wav" | tr -c 'A-Za-z' '.')
+  bytes=$(wc -c < "$work/speech.wav")
+  say "POST /v1/audio/speech -> HTTP $code, $bytes bytes, starts with $magic"
+  [ "$code" = 200 ] && [ "${magic:0:4}" = RIFF ] && [ "${magic:8:4}" = WAVE ] \
+    || { "${P[@]}" logs "$1" 2>&1 | tail -20; die "$1: the speech answer is not a WAV"; }
+  python3 - "$work/speech.wav" <<'PY'
 import os, sys, wave
 with wave.open(sys.argv[1]) as w:  # a streamed WAV's header has no length: count the bytes after it
     rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
 samples = (os.path.getsize(sys.argv[1]) - 44) // (width * channels)
 print(f"container.sh: speech: {samples / rate:.2f} s of audio, {rate} Hz, {channels} channel(s), {8 * width}-bit")
 PY
-user=$("${P[@]}" exec "$TAG-serve" id -un)
-say "the server runs as user '$user'"
-"${P[@]}" rm -f "$TAG-serve" >/dev/null
-
-wport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-t=$(date +%s)
-"${P[@]}" run -d --name "$TAG-wyoming" "${ULIMITS[@]}" -p "127.0.0.1:$wport:10200" "${mounts[@]}" \
-  -v "$TAG-voices:/voices:ro" "$IMAGE" wyoming --model /models/tiny --plan /cache/tiny-int8/plan.json \
-  --uri tcp://0.0.0.0:10200 --voices /voices >/dev/null
-python3 - "$wport" <<'PY' || { "${P[@]}" logs "$TAG-wyoming" | tail -20; die "the Wyoming service did not answer describe"; }
+}
+check_wyoming() {  # check_wyoming CONTAINER PORT: `describe` must answer `info` (bounded wait)
+  python3 - "$2" <<'PY' || { "${P[@]}" logs "$1" 2>&1 | tail -20; die "$1: the Wyoming service did not answer describe"; }
 import json, socket, sys, time
 deadline = time.monotonic() + 120
 while True:  # the service listens once the plan is loaded
@@ -204,10 +205,61 @@ while True:  # the service listens once the plan is loaded
 assert header["type"] == "info", header
 print(f"container.sh: Wyoming describe -> {header['type']} event")
 PY
+}
+
+port=$(free_port)
+t=$(now)
+"${P[@]}" run -d --name "$TAG-serve" "${ULIMITS[@]}" -p "127.0.0.1:$port:8000" "${mounts[@]}" \
+  -v "$TAG-voices:/voices" "$IMAGE" serve --model /models/tiny --plan /cache/tiny-int8/plan.json \
+  --host 0.0.0.0 --voices /voices >/dev/null
+wait_health "$TAG-serve" "$port"
+lap "serve ready" "$t"
+check_speech "$TAG-serve" "$port"
+say "the server runs as user '$("${P[@]}" exec "$TAG-serve" id -un)'"
+"${P[@]}" rm -f -v "$TAG-serve" >/dev/null
+
+wport=$(free_port)
+t=$(now)
+"${P[@]}" run -d --name "$TAG-wyoming" "${ULIMITS[@]}" -p "127.0.0.1:$wport:10200" "${mounts[@]}" \
+  -v "$TAG-voices:/voices:ro" "$IMAGE" wyoming --model /models/tiny --plan /cache/tiny-int8/plan.json \
+  --uri tcp://0.0.0.0:10200 --voices /voices >/dev/null
+check_wyoming "$TAG-wyoming" "$wport"
 lap "wyoming ready" "$t"
+"${P[@]}" rm -f -v "$TAG-wyoming" >/dev/null
+
+# -- --compose: compose.yaml itself, through podman-compose --------------------------------------------
+if [ $COMPOSE = 1 ]; then
+  # podman-compose calls plain `podman`: runc, cgroupfs and the ulimits come from a containers.conf
+  printf '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1000:1000"]\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n' \
+    > "$work/containers.conf"
+  export CONTAINERS_CONF=$work/containers.conf QTTS_MODEL=tiny QTTS_PORT=$(free_port) QTTS_WYOMING_PORT=$(free_port)
+  "${P[@]}" tag "$IMAGE" localhost/qtts:latest
+  "${P[@]}" tag "$PLAN_IMAGE" localhost/qtts-plan:latest
+  cp compose.yaml "$work/compose.yaml"   # ./models beside it: the tiny checkpoint
+  compose=(podman-compose -f "$work/compose.yaml" -p "$TAG")
+  t=$(now)
+  # podman-compose 1.0 starts services without waiting for depends_on conditions: plan first
+  "${compose[@]}" up -d plan >/dev/null 2>&1
+  for _ in $(seq 300); do
+    [ "$("${P[@]}" inspect -f '{{.State.Status}}' "${TAG}_plan_1")" = exited ] && break
+    sleep 1
+  done
+  "${P[@]}" logs "${TAG}_plan_1" 2>&1 | grep '^qtts-plan'
+  [ "$("${P[@]}" inspect -f '{{.State.ExitCode}}' "${TAG}_plan_1")" = 0 ] || die "compose: the plan service failed"
+  lap "compose plan" "$t"
+  t=$(now)
+  "${compose[@]}" up -d >/dev/null 2>&1
+  wait_health "${TAG}_qtts_1" "$QTTS_PORT"
+  lap "compose qtts ready" "$t"
+  "${P[@]}" healthcheck run "${TAG}_qtts_1" >/dev/null 2>&1 || die "compose: the qtts health check failed"
+  say "compose: the qtts service's health check passes"
+  check_speech "${TAG}_qtts_1" "$QTTS_PORT"
+  check_wyoming "${TAG}_wyoming_1" "$QTTS_WYOMING_PORT"
+  "${P[@]}" ps -a --format '  {{.Names}} {{.Status}}' | grep "$TAG"
+fi
 
 # -- report -------------------------------------------------------------------------------------------
 say "images:"
 "${P[@]}" images --format '  {{.Repository}}:{{.Tag}} {{.Size}}' | grep -E "qtts|debian-base" || true
-say "timings (s): $(for k in "${!TIMES[@]}"; do printf '%s=%s; ' "$k" "${TIMES[$k]}"; done)"
+say "timings: $(IFS=';'; echo "${STEPS[*]}" | sed 's/;/; /g')"
 say "OK in $(( $(date +%s) - T0 )) s"
