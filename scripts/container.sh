@@ -64,10 +64,12 @@ fi
 need_base=0
 "${P[@]}" image exists "$BASE" || need_base=1
 need_wheels=0
-[ -n "${QTTS_ONLINE:-}" ] || [ -f "$WHEELS/.complete" ] || need_wheels=1
+# the download is redone when pyproject.toml, the torch requirement or the base image change
+wheels_key=$( (cat pyproject.toml; echo "$TORCH $BASE") | sha256sum | cut -c1-16)
+[ -n "${QTTS_ONLINE:-}" ] || [ "$(cat "$WHEELS/.complete" 2>/dev/null)" = "$wheels_key" ] || need_wheels=1
 say "this run will:"
 [ $need_base = 1 ] && say "  - build the base image $BASE with debootstrap (Debian bookworm minbase + python3; ~1.5 min, ~200 MB)"
-[ $need_wheels = 1 ] && say "  - download wheels into $WHEELS/ (torch CPU + onnx + runtime deps, ~400 MB)"
+[ $need_wheels = 1 ] && say "  - download wheels into $WHEELS/ (torch CPU + onnx + runtime deps, ~260 MB)"
 say "  - build $IMAGE and $PLAN_IMAGE (first time: a few minutes), start containers on 127.0.0.1, then remove them"
 [ $COMPOSE = 1 ] && say "  - run compose.yaml's services with podman-compose (tags the images qtts:latest, qtts-plan:latest)"
 
@@ -117,7 +119,7 @@ PY
     ls "$WHEELS" | grep -q '^torch-.*+cpu' \
       || die "the torch wheel in $WHEELS is not a CPU build ($(ls "$WHEELS" | grep '^torch-' || echo none)); set QTTS_TORCH=torch==VERSION+cpu"
     "${pipdl[@]}" "${reqs[@]}"
-    touch "$WHEELS/.complete"
+    echo "$wheels_key" > "$WHEELS/.complete"
     lap wheels "$t"
   fi
   say "wheels: $(du -sh "$WHEELS" | cut -f1) in $WHEELS/"
