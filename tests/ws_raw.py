@@ -32,7 +32,8 @@ def text(obj) -> bytes:
 
 
 def connect(host: str, port: int, path: str = "/v1/audio/speech/stream", rcvbuf: int | None = None,
-            headers: dict | None = None, timeout: float = 10.0) -> tuple[socket.socket, bytes]:
+            headers: dict | None = None, timeout: float = 10.0,
+            host_header: str | None = None) -> tuple[socket.socket, bytes]:
     """(socket, the handshake response head) after a WebSocket upgrade request."""
     sock = socket.socket()
     if rcvbuf:
@@ -41,7 +42,8 @@ def connect(host: str, port: int, path: str = "/v1/audio/speech/stream", rcvbuf:
     sock.connect((host, port))
     key = base64.b64encode(os.urandom(16)).decode()
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    host_header = host_header or f"{host}:{port}"
+    sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                   f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n").encode())
     head = b""
     while b"\r\n\r\n" not in head:

@@ -170,14 +170,10 @@ class AccessMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     async def _refuse_websocket(self, scope, receive, send, refusal: tuple[str, str]) -> None:
-        """Refuse the handshake with 403 and an OpenAI-style JSON body (the app never runs)."""
+        """Refuse the handshake with 403 (the app never runs; the reason goes to the access log)."""
         await receive()  # websocket.connect
-        code, refusal = refusal
-        body = json.dumps(error_body(403, refusal, code)).encode()
-        await send({"type": "websocket.http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"x-content-type-options", b"nosniff")]})
-        await send({"type": "websocket.http.response.body", "body": body})
+        await send({"type": "websocket.close", "code": 1008, "reason": refusal[0]})  # before accept: HTTP 403
+        refusal = refusal[1]
         self.state.metrics.requests.inc(route=scope["path"] if scope["path"] == "/v1/audio/speech/stream"
                                         else "unmatched", method="WS", status="403")
         if self.state.settings.access_log:

@@ -223,6 +223,16 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.transport.resume_reading()
         return message
 
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        # the session is over; a client that never reads its last frames (or the close) would keep
+        # the socket open while the transport waits to flush: abort it after the write deadline
+        self.loop.call_later(self.state.settings.write_timeout_s + self.close_timeout, self._reap)
+
+    def _reap(self) -> None:
+        if not self.disconnected:
+            self._write_timeout()
+
     def handle_ping(self) -> None:
         now = time.monotonic()
         self._ping_tokens = min(self._ping_burst, self._ping_tokens + (now - self._ping_at) * self._ping_rate)
@@ -246,7 +256,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _write_timeout(self) -> None:
         self._write_timer = None
-        if self.transport.is_closing() and self.disconnected:
+        if self.disconnected:
             return
         self.state.metrics.connections_closed.inc(reason="write_timeout")
         log.info("closing a WebSocket from %s: it read nothing for %g s", self.client,
