@@ -242,13 +242,12 @@ def run(args) -> dict:
     attackers = None
     if args.attackers:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from soak_attackers import Attackers
+        from soak_attackers import run_process
 
         local = getattr(args, "local", None)
         host, port = urlparse(url).hostname, urlparse(url).port
-        attackers = Attackers(host, port, stop, voices_dir=local.app_voices if local else None,
-                              wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
-        attackers.start()
+        attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
+                                wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
     clients = [threading.Thread(target=soak.client_loop) for _ in range(args.streams)]
     for c in clients:
         c.start()
@@ -258,8 +257,7 @@ def run(args) -> dict:
     stop.set()
     attacks = {}
     if attackers is not None:
-        attackers.join()
-        attacks = attackers.report()
+        attacks = attackers()
         for kind in attacks["unexpected_samples"]:
             soak.record("errors", f"attack {kind}: not the documented outcome")
     if sampler:

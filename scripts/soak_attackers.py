@@ -1,9 +1,10 @@
 """Hostile clients for ``scripts/soak.py --attackers``: one of each kind of the 2026-12-01 probe
 (docs/server.md, "What each attack gets"), each cycling in its own thread until the soak ends.
 
-They connect from 127.0.0.2 (Linux routes all of 127/8 to loopback), so the per-address
-connection cap they run into is not the good clients' (in real life an attacker has its own
-address). Each attack has an expected outcome (closed, refused, capped); anything else is
+Each kind connects from its own address 127.0.0.N (Linux routes all of 127/8 to loopback), so
+the per-address connection cap one runs into is neither the good clients' nor another
+attacker's (in real life an attacker has its own address). :func:`run_process` runs them in a
+process of their own, so their Python loops do not take the server's GIL. Each attack has an expected outcome (closed, refused, capped); anything else is
 recorded as ``unexpected``. A Wyoming attacker needs ``wyoming_port``.
 """
 
@@ -17,7 +18,7 @@ import struct
 import threading
 import time
 
-ATTACKER_ADDR = "127.0.0.2"
+ATTACKER_NET = "127.0.0."
 LONG = "This is a long sentence that the attacker asks for and never reads. " * 8
 
 
@@ -46,8 +47,9 @@ class Attackers:
         kinds = ["ws_stall", "ws_idle", "ws_flood", "ws_pings", "ws_tiny_deltas", "ws_frames", "many_sockets",
                  "origin", "voices", "bad_json"]
         kinds += ["wy_stall", "wy_malformed"] if wyoming_port else []
-        self.threads = [threading.Thread(target=self._loop, args=(k,), name=f"attacker-{k}", daemon=True)
-                        for k in kinds]
+        self.local = threading.local()
+        self.threads = [threading.Thread(target=self._loop, args=(k, i), name=f"attacker-{k}", daemon=True)
+                        for i, k in enumerate(kinds)]
 
     def start(self) -> None:
         for t in self.threads:
@@ -60,7 +62,8 @@ class Attackers:
     def report(self) -> dict:
         return {"attacks": dict(self.counts), "unexpected": len(self.unexpected), "unexpected_samples": self.unexpected[:20]}
 
-    def _loop(self, kind: str) -> None:
+    def _loop(self, kind: str, index: int) -> None:
+        self.local.addr = f"{ATTACKER_NET}{2 + index}"
         attack = getattr(self, "_" + kind)
         while not self.stop.is_set():
             try:
@@ -78,7 +81,7 @@ class Attackers:
         s = socket.socket()
         if rcvbuf:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        s.bind((ATTACKER_ADDR, 0))
+        s.bind((self.local.addr, 0))
         s.settimeout(10)
         s.connect((self.host, port or self.port))
         return s
@@ -213,9 +216,10 @@ class Attackers:
 
         s, head = self._ws(origin="http://evil.example")
         s.close()
-        r = httpx.post(f"http://{self.host}:{self.port}/v1/audio/speech", headers={"Origin": "http://evil.example"},
-                       json={"input": "hi"}, timeout=30)
-        h = httpx.get(f"http://{self.host}:{self.port}/health", headers={"Host": "evil.example"}, timeout=30)
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.local.addr), timeout=30) as c:
+            r = c.post(f"http://{self.host}:{self.port}/v1/audio/speech", headers={"Origin": "http://evil.example"},
+                       json={"input": "hi"})
+            h = c.get(f"http://{self.host}:{self.port}/health", headers={"Host": "evil.example"})
         return head.startswith(b"HTTP/1.1 403") and r.status_code == 403 and h.status_code == 403
 
     def _voices(self) -> bool:
@@ -278,3 +282,34 @@ class Attackers:
             s.close()
             ok &= b'"error"' in data
         return ok
+
+
+def run_process(host: str, port: int, voices_dir=None, wyoming_port=None, speaker="vivian"):
+    """Start the attackers in a separate process; returns ``finish()``, which stops them and
+    returns their report."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_process_entry, args=(host, port, voices_dir, wyoming_port, speaker, stop, out),
+                       daemon=True)
+    proc.start()
+
+    def finish() -> dict:
+        stop.set()
+        try:
+            return out.get(timeout=240)
+        finally:
+            proc.join(30)
+
+    return finish
+
+
+def _process_entry(host, port, voices_dir, wyoming_port, speaker, stop, out) -> None:
+    local_stop = threading.Event()
+    attackers = Attackers(host, port, local_stop, voices_dir=voices_dir, wyoming_port=wyoming_port, speaker=speaker)
+    attackers.start()
+    stop.wait()
+    local_stop.set()
+    attackers.join()
+    out.put(attackers.report())

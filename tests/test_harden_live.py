@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 import qtts
@@ -74,11 +74,11 @@ def open_connections(srv) -> int:
 def test_empty_and_unknown_messages_do_not_keep_a_session(server):
     """(2) session.update, then "" deltas and unknown types every 0.2 s: closed at the idle limit."""
     msgs = [{"type": "session.update", "session": SESSION}]
-    msgs += [{"type": "text.delta", "delta": ""}, {"type": "nope"}, {"type": "text.delta", "delta": "  "}] * 15
-    t0 = time.monotonic()
+    msgs += [{"type": "text.delta", "delta": ""}, {"type": "nope"}, {"type": "text.delta", "delta": "  "}] * 50
+    t0 = time.monotonic()  # 30 s of messages, unless the server closes first
     _, events, code = session(server.ws, msgs, every_s=0.2, read_s=SLACK_S)
     assert code == 1008 and "idle_timeout" in codes(events), (code, codes(events))
-    assert time.monotonic() - t0 < 1.0 + SLACK_S
+    assert time.monotonic() - t0 < 1.0 + SLACK_S / 2, time.monotonic() - t0
     assert wait_for(lambda: metric(server.url, "qtts_in_flight") == 0)
 
 
@@ -103,10 +103,11 @@ def test_connections_per_client_address_are_capped(server):
     """(2) 4 sockets from 127.0.0.1 (idle WebSockets and a silent TCP connection) fill its share."""
     held = [connect(server.ws) for _ in range(3)] + [socket.create_connection((server.host, server.port))]
     try:
-        with pytest.raises(InvalidStatus) as info:
-            connect(server.ws, open_timeout=SLACK_S)
-        assert info.value.response.status_code == 503
-        assert b"per client" in info.value.response.body
+        extra = socket.create_connection((server.host, server.port))  # sends nothing: no reset hides the answer
+        extra.settimeout(SLACK_S)
+        answer = extra.recv(4096)
+        extra.close()
+        assert answer.startswith(b"HTTP/1.1 503") and b"per client" in answer, answer
     finally:
         for h in held:
             h.close()
