@@ -44,6 +44,11 @@ def register(sub) -> None:
     p.add_argument("--default-format", default="wav", help="response_format when a request names none")
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
+    _add_limits(p)
+
+
+def _add_limits(p) -> None:
+    """Timeouts, connection caps, the origin policy and the WebSocket's limits."""
     p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
                    help="seconds a connection has to send its request headers (default 10)")
     p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
@@ -75,6 +80,7 @@ def register(sub) -> None:
     w.add_argument("--ws-max-pings-per-s", type=number(float, above=0), default=5.0, metavar="R",
                    help="pings per second one socket may send, bursts of 2R (default 5)")
 
+
 def _settings(args):
     from ..server.settings import ServerSettings
 
@@ -88,7 +94,8 @@ def _settings(args):
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client, allow_origins=tuple(args.allow_origin),
         allow_hosts=tuple(args.allow_host), ws_max_messages_per_s=args.ws_max_messages_per_s,
-        ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
+        ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars,
+        ws_max_session_chars=args.ws_max_session_chars,
         ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
     )
 

@@ -1,7 +1,9 @@
-"""Small limits of the live speech WebSocket: a message rate, JSON nesting, what counts as progress."""
+"""Small parts of the live speech WebSocket: its text queue, a message rate, JSON nesting, what
+counts as progress, the session frame cap."""
 
 from __future__ import annotations
 
+import queue
 import time
 import unicodedata
 
@@ -14,6 +16,25 @@ MAX_JSON_DEPTH = 16
 ESCAPE_FACTOR = 12
 #: room for the other fields of a message (session.update: instruct, language, ...)
 MESSAGE_OVERHEAD = 16 * 1024
+
+
+class TextPieces:
+    """Text deltas from the event loop to the engine's reader thread: a blocking iterable."""
+
+    _END = object()
+
+    def __init__(self):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def push(self, piece: str) -> None:
+        self._q.put(piece)
+
+    def close(self) -> None:
+        self._q.put(self._END)
+
+    def __iter__(self):
+        while (item := self._q.get()) is not self._END:
+            yield item
 
 
 class TokenBucket:

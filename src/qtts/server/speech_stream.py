@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import queue
 import time
 from types import SimpleNamespace
 from typing import Annotated
@@ -31,6 +30,7 @@ from .live_limits import (
     ESCAPE_FACTOR,
     MAX_JSON_DEPTH,
     MESSAGE_OVERHEAD,
+    TextPieces,
     TokenBucket,
     capped_chunk,
     speakable,
@@ -85,25 +85,6 @@ class SessionError(Exception):
 
 class Disconnected(Exception):
     """The client went away (or stopped reading)."""
-
-
-class TextPieces:
-    """Text deltas from the event loop to the engine's reader thread: a blocking iterable."""
-
-    _END = object()
-
-    def __init__(self):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-
-    def push(self, piece: str) -> None:
-        self._q.put(piece)
-
-    def close(self) -> None:
-        self._q.put(self._END)
-
-    def __iter__(self):
-        while (item := self._q.get()) is not self._END:
-            yield item
 
 
 def _options(cfg: SessionConfig, settings):
