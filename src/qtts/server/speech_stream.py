@@ -235,8 +235,8 @@ class LiveSession:
                 raise SessionError("session_too_long", f"the session passed its limit of {s.ws_max_session_s:g} s")
             idle = now - self.last_seen  # the last progress: text that changes the speech, or audio sent
             if not self.done and idle > s.ws_idle_timeout_s:
-                raise SessionError("idle_timeout", f"no new text and no audio for {s.ws_idle_timeout_s:g} s (empty "
-                                   "and repeated messages do not count); send text.delta messages and end with "
+                raise SessionError("idle_timeout", f"no new text and no audio for {s.ws_idle_timeout_s:g} s (empty, "
+                                   "blank and unknown messages do not count); send text.delta messages and end with "
                                    "text.done")
             wait = min(s.ws_idle_timeout_s - idle if not self.done else s.ws_max_session_s, 1.0)
             try:
