@@ -117,10 +117,14 @@ class VoiceFileCache:
                 hit = self._cache.get(path)
             if hit is not None and hit[0] == key:
                 return hit[1]
-            if self.loader is not None:
-                voice = self.loader(path)
-            else:
-                voice = voice_from_bytes(_read_all(fd, st.st_size, os.path.basename(path)), os.path.basename(path))
+            name = os.path.basename(path)
+            try:
+                if self.loader is not None:  # reads the path again: it may have changed since the open
+                    voice = self.loader(path)
+                else:
+                    voice = voice_from_bytes(_read_all(fd, st.st_size, name), name)
+            except OSError as exc:  # gone or replaced meanwhile
+                raise VoiceFileMissing(f"voice file {name!r} changed while it was read; retry") from exc
         finally:
             os.close(fd)
         with self._lock:
