@@ -94,7 +94,7 @@ def test_client_leaving_the_queue_frees_its_place():
             assert wait_for(lambda: eng.active == 1, 10)
             body = json.dumps({"input": "queued, then gone"}).encode()
             sock = socket.create_connection((srv.host, srv.port))
-            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
             assert wait_for(lambda: depth() == 1, 10)
             sock.close()

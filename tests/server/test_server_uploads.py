@@ -216,7 +216,7 @@ def test_no_temp_file_when_the_client_leaves_the_queue(fake, tmp_path):
         ctype = req.headers["content-type"]
         body = req.read()
         sock = socket.create_connection((srv.host, srv.port))
-        sock.sendall(b"POST /v1/voices HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype.encode()
+        sock.sendall(b"POST /v1/voices HTTP/1.1\r\nHost: localhost\r\nContent-Type: " + ctype.encode()
                      + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         assert wait_for(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1, 10)
         sock.close()

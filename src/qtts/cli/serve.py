@@ -45,6 +45,11 @@ def register(sub) -> None:
     _openai_arguments(p)
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
+    _add_limits(p)
+
+
+def _add_limits(p) -> None:
+    """Timeouts, connection caps, the origin policy and the WebSocket's limits."""
     p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
                    help="seconds a connection has to send its request headers (default 10)")
     p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
@@ -53,15 +58,29 @@ def register(sub) -> None:
                    help="seconds a client may read nothing of a response before it is aborted (default 60)")
     p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
                    help="open connections at most; more get 503 (default 256)")
+    p.add_argument("--max-connections-per-client", type=number(lo=1), default=64, metavar="N",
+                   help="open connections from one client address; more get 503 (default 64; behind a "
+                   "reverse proxy every client is the proxy: raise it)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (scheme://host[:port]) whose pages may use the API besides the server's "
+                   "own page; repeatable; * allows any (docs/server.md, origin policy)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to accept besides localhost and the bound address (a reverse proxy's "
+                   "or the LAN name); repeatable; * allows any")
     w = p.add_argument_group("live speech (WebSocket /v1/audio/speech/stream)")
     w.add_argument("--ws-max-message-chars", type=number(lo=1), default=4096, metavar="N",
                    help="longest text.delta (default 4096 characters)")
     w.add_argument("--ws-max-session-chars", type=number(lo=1), default=20000, metavar="N",
                    help="all text of one session (default 20000 characters)")
     w.add_argument("--ws-idle-timeout", type=number(float, above=0), default=30.0, metavar="S",
-                   help="close a session with no message and no audio for S seconds before text.done (default 30)")
+                   help="close a session with no new text and no audio for S seconds before text.done (default 30)")
     w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
                    help="longest session in seconds (default 1800)")
+    w.add_argument("--ws-max-messages-per-s", type=number(float, above=0), default=200.0, metavar="R",
+                   help="messages per second one socket may send, bursts of 2R (default 200)")
+    w.add_argument("--ws-max-pings-per-s", type=number(float, above=0), default=5.0, metavar="R",
+                   help="pings per second one socket may send, bursts of 2R (default 5)")
+
 
 
 def _openai_arguments(p) -> None:
@@ -96,7 +115,10 @@ def _settings(args):
         model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
-        ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
+        max_connections_per_client=args.max_connections_per_client, allow_origins=tuple(args.allow_origin),
+        allow_hosts=tuple(args.allow_host), ws_max_messages_per_s=args.ws_max_messages_per_s,
+        ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars,
+        ws_max_session_chars=args.ws_max_session_chars,
         ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
     )
 
@@ -206,7 +228,7 @@ def _run_ray(args, settings) -> int:
         if not (sep and low.isdigit() and high.isdigit()):
             raise InputError(f"--autoscale {args.autoscale!r}: give MIN:MAX replicas, e.g. 1:4")
         autoscale = (int(low), int(high))
-    skip = {"host", "port", "max_batch", "max_concurrency"}
+    skip = {"port", "max_batch", "max_concurrency"}  # host stays: the origin policy names the bound address
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in skip}
     config = RayConfig(model=args.model, plan=args.plan, dtype=args.dtype, threads=args.threads,
                        max_batch=args.max_batch or 8, replicas=args.replicas, autoscale=autoscale,

@@ -29,6 +29,12 @@ def register(sub) -> None:
                    help="longest text of one request (default 4096)")
     p.add_argument("--no-streaming", action="store_true",
                    help="do not offer streaming synthesis (synthesize-start/-chunk/-stop)")
+    p.add_argument("--max-connections", type=number(lo=1), default=16, metavar="N",
+                   help="open client connections at most; more get an error event (default 16)")
+    p.add_argument("--idle-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds while nothing is spoken (default 60)")
+    p.add_argument("--write-timeout", type=number(float, above=0), default=10.0, metavar="S",
+                   help="drop a client that reads nothing for S seconds (default 10)")
 
 
 def _settings(args):
@@ -36,7 +42,9 @@ def _settings(args):
 
     return WyomingSettings(uri=args.uri, voices_dir=args.voices, voice=args.voice, language=args.language,
                            instruct=args.instruct, speed=args.speed, seed=args.seed, max_frames=args.max_frames,
-                           max_chars=args.max_chars, streaming=not args.no_streaming)
+                           max_chars=args.max_chars, streaming=not args.no_streaming,
+                           max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                           write_timeout_s=args.write_timeout)
 
 
 def _check_uri(uri: str) -> None:

@@ -59,6 +59,15 @@ class ServerSettings:
     keep_alive_s: float = 5.0
     #: open connections at most; one more is answered 503 and closed at once
     max_connections: int = 256
+    #: open connections (HTTP and WebSocket) from one client address at most; one more gets 503
+    #: (behind a reverse proxy every client has the proxy's address: raise it to max_connections)
+    max_connections_per_client: int = 64
+    #: origins (``scheme://host[:port]``) whose pages may drive the API besides the server's own
+    #: (``*``: any); others get 403 on WebSocket upgrades and state-changing requests
+    allow_origins: tuple[str, ...] = ()
+    #: Host header names accepted besides loopback names and the bound address (``*``: any): the
+    #: names a reverse proxy or a LAN client uses to reach the server
+    allow_hosts: tuple[str, ...] = ()
 
     #: WebSocket /v1/audio/speech/stream: longest text.delta message, in characters
     ws_max_message_chars: int = 4096
@@ -69,6 +78,12 @@ class ServerSettings:
     ws_idle_timeout_s: float = 30.0
     #: WebSocket: longest session, from connect to the last audio
     ws_max_session_s: float = 1800.0
+    #: WebSocket: messages per second one socket may send (a burst of twice as many is allowed);
+    #: more closes the session (1008)
+    ws_max_messages_per_s: float = 200.0
+    #: WebSocket: pings per second one socket may send (a burst of twice as many); more closes
+    #: it (1008). Pongs are written only while the client reads (backpressure)
+    ws_max_pings_per_s: float = 5.0
 
     def __post_init__(self):
         if self.max_concurrency < 1:
@@ -81,7 +96,7 @@ class ServerSettings:
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
         for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections",
-                     "ws_max_message_chars", "ws_max_session_chars"):
+                     "max_connections_per_client", "ws_max_message_chars", "ws_max_session_chars"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
         for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_s", "queue_timeout_s",
@@ -103,6 +118,17 @@ class ServerSettings:
 
         for pair in self.voice_aliases:
             parse_alias("=".join(pair) if isinstance(pair, (tuple, list)) and len(pair) == 2 else str(pair))
+        for name in ("allow_origins", "allow_hosts"):  # "a,b" (Ray's string arguments) or a list
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = [x.strip() for x in value.split(",") if x.strip()]
+            object.__setattr__(self, name, tuple(value))
+        for name in ("ws_max_messages_per_s", "ws_max_pings_per_s"):
+            if not 0 < getattr(self, name) <= 1e6:
+                raise InputError(f"{name}={getattr(self, name)}: must be in (0, 1000000] per second")
+        from .origin import check_allow_lists
+
+        check_allow_lists(self.allow_origins, self.allow_hosts)
         if not 0 <= self.port <= 65535:
             raise InputError(f"port={self.port}: must be in 0..65535")
 
