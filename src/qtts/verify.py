@@ -184,7 +184,7 @@ def verify_plan(
     equal = sum(1 for a, b in zip(ref_codes, test_codes) if np.array_equal(a, b))
     report = {
         "model": os.path.abspath(checkpoint.path),
-        "plan": os.path.abspath(plan_path) if plan_path else f"torch {dtype}",
+        "plan": os.path.abspath(plan_path) if plan_path and plan_path != "torch" else f"torch {dtype}",
         "components": plan_precisions(parts.plan, dtype),
         "frames": int(frames),
         "greedy_frames": [len(ref_codes), len(test_codes)],

@@ -105,9 +105,9 @@ class OnnxBackend:
         self.threads = threads
         self.meta = meta
         load = lambda key: np.load(artifacts[key], mmap_mode="r")  # noqa: E731
-        self.text_table = load("text_embedding")
-        self.codec_table = np.ascontiguousarray(load("codec_embedding"))
-        self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"))
+        self.text_table = load("text_embedding")  # fp32 or fp16 (rows are cast when gathered)
+        self.codec_table = np.ascontiguousarray(load("codec_embedding"), dtype=np.float32)
+        self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"), dtype=np.float32)
         self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
         self.hidden_size = int(self.codec_table.shape[1])
         self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
