@@ -238,3 +238,25 @@ def test_health_names_the_plan_and_the_build(built, monkeypatch):
         app.state.qtts.set_engine(qtts.load(snapshot, threads=1))
         health = httpx.get(srv.url + "/health").json()
     assert health["status"] == "ok" and health["model"]["plan"].startswith("fast (onnx: talker int8")
+
+
+def test_presets_of_one_checkpoint_share_identical_files(built, tmp_path, monkeypatch, capsys):
+    from qtts.cli.cache import disk_bytes
+
+    snapshot, root, path = built
+    copy = tmp_path / "cache"
+    shutil.copytree(root, copy)
+    monkeypatch.setenv("QTTS_CACHE", str(copy))
+    calls = []
+    _copy_exporter(monkeypatch, path, calls)  # 'fastest' made of the same files: every one is shared
+    fastest = cache.resolve_plan("fastest", snapshot)
+    fast = cache.find_bundle(snapshot, "fast")
+    assert len(calls) == 1 and calls[0].talker == "int4" and os.path.dirname(fastest) != os.path.dirname(fast)
+    a, b = (os.path.join(os.path.dirname(p), "vocoder.data") for p in (fast, fastest))
+    assert os.stat(a).st_ino == os.stat(b).st_ino
+    bundles = [os.path.dirname(fast), os.path.dirname(fastest)]
+    assert disk_bytes(bundles) < sum(disk_bytes([d]) for d in bundles)
+    assert qtts_main(["cache", "rm", "--plan", "fast"]) == 0
+    assert cache.find_bundle(snapshot, "fast") is None and os.path.getsize(b) > 0
+    monkeypatch.setenv("QTTS_PLAN", "fastest")
+    assert qtts.load(snapshot, threads=1).components.plan.path == fastest

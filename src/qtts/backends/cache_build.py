@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import filecmp
 import importlib.util
 import logging
 import os
@@ -68,6 +69,7 @@ def build(snapshot: str, preset: str, listeners: tuple = ()) -> str:
         os.mkdir(staging)
         try:
             bundle = _export(snapshot, preset, os.path.join(staging, "bundle"), listeners)
+            _link_shared(root, key, bundle)
             if os.path.isdir(final):  # an incomplete folder of that name (no plan.json): replace it
                 shutil.rmtree(final)
             os.replace(bundle, final)
@@ -131,6 +133,26 @@ def _remove_stale(root: str, key: str) -> None:
         if name.startswith(f".{key}.") and name.endswith(".part"):
             log.info("qtts: removing an unfinished build: %s", name)
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _link_shared(root: str, key: str, bundle: str) -> None:
+    """Files identical to a file of the same name in another preset's bundle of this checkpoint (the
+    vocoder, the encoders, fp16 tables) become hard links to it: one copy on disk, and removing
+    either bundle leaves the other whole."""
+    fp = key.split("-")[0]
+    siblings = [os.path.join(root, n) for n in os.listdir(root) if n.startswith(fp + "-") and n != key]
+    for dirpath, _, files in os.walk(bundle):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, bundle)
+            for other in (os.path.join(s, rel) for s in siblings):
+                if os.path.isfile(other) and os.path.getsize(other) == os.path.getsize(path) and \
+                        filecmp.cmp(other, path, shallow=False):
+                    with contextlib.suppress(OSError):  # no hard links here (another filesystem): keep the copy
+                        tmp = path + ".link"
+                        os.link(other, tmp)
+                        os.replace(tmp, path)
+                    break
 
 
 def _build_temporary(snapshot: str, preset: str, key: str, listeners: tuple) -> str:

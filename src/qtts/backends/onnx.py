@@ -157,10 +157,23 @@ class OnnxBackend:
             return self._predict_fused(hidden, code0, params, uniforms)
         return self._predict_steps(hidden, code0, params, uniforms)
 
+    def predictor_logits(self, hidden, code0: int, params, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``; None when the
+        graph has no logits output (step mode, bundles exported before it had one)."""
+        names = {o.name for o in self.predictor_sess.get_outputs()}
+        if self.predictor_mode != "frame" or "logits" not in names:
+            return None
+        codes, logits = self.predictor_sess.run(["codes", "logits"], self._fused_feeds(hidden, code0, params, uniforms))
+        return codes.astype(np.int64), logits
+
     def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
+        feeds = self._fused_feeds(hidden, code0, params, uniforms)
+        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
+
+    def _fused_feeds(self, hidden, code0, params, uniforms) -> dict:
         vocab = int(self.predictor_tables.shape[1])
         top_k = int(params.top_k) if params.top_k else vocab
-        feeds = {
+        return {
             "hidden": np.asarray(hidden, dtype=np.float32).reshape(1, -1),
             "code0": np.array([int(code0)], dtype=np.int64),
             "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(PREDICTOR_STEPS),
@@ -169,7 +182,6 @@ class OnnxBackend:
             "top_p": np.array([1.0 if params.top_p is None else params.top_p], dtype=np.float32),
             "do_sample": np.array([bool(params.do_sample)]),
         }
-        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
 
     def _predict_steps(self, hidden, code0, params, uniforms) -> np.ndarray:
         p = self.meta["predictor"]

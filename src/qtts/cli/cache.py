@@ -45,11 +45,24 @@ def _size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
 
 
+def disk_bytes(paths) -> int:
+    """Bytes on disk under ``paths``, each hard-linked file (shared between presets) counted once."""
+    seen = {}
+    for path in paths:
+        for r, _, fs in os.walk(path):
+            for f in fs:
+                st = os.stat(os.path.join(r, f))
+                seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
 def run_ls(args) -> int:
     from ..backends import cache
 
     rows = entries()
-    print(f"plan cache: {cache.cache_root()} ({sum(r['bytes'] for r in rows) / 1e9:.2f} GB in {len(rows)} plan(s))")
+    total = disk_bytes(r["path"] for r in rows)
+    print(f"plan cache: {cache.cache_root()} ({total / 1e9:.2f} GB on disk in {len(rows)} plan(s); files "
+          "that presets of one checkpoint share are stored once)")
     for r in rows:
         state = "" if r["state"] == "ready" else "  [unfinished build: qtts cache rm --all removes it]"
         print(f"{r['bytes'] / 1e6:9.1f} MB  {r['preset']:<9} {r['model']}  (fingerprint {r['fingerprint']}, "

@@ -121,8 +121,8 @@ def export_predictor_frame(talker, path: str) -> dict:
     args = (torch.zeros(1, talker.cfg.hidden_size), torch.zeros(1, dtype=torch.int64), torch.zeros(PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.bool))  # fmt: skip
     inputs = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
-    export_graph(PredictorFrameGraph(talker).eval(), args, path, inputs, ["codes"], {}, contrib=True)
-    return {"inputs": inputs, "outputs": ["codes"]}
+    export_graph(PredictorFrameGraph(talker).eval(), args, path, inputs, ["codes", "logits"], {}, contrib=True)
+    return {"inputs": inputs, "outputs": ["codes", "logits"]}
 
 
 def export_text_projection(talker, path: str) -> dict:
@@ -241,10 +241,14 @@ def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict)
     precision = {"talker": opts.talker} if "talker" in plan else {}
     if "predictor" in plan and opts.predictor_mode == "frame":
         precision["predictor"] = opts.predictor
+    from .vocoder import share_step_weights
+
     written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size))
     for name, info in written.items():
         plan[name]["artifacts"]["batch"] = info["artifact"]
         meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}
+        main = plan[name]["artifacts"]["main"]  # the same weights: one copy on disk for both graphs
+        share_step_weights(out, [main, info["artifact"]], data_name=main[: -len(".onnx")] + ".weights", index_name=None)
 
 
 def _encoders(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
