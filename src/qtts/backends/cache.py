@@ -9,8 +9,9 @@ A preset's bundle lives in ``$QTTS_CACHE`` (default ``~/.cache/qtts``) under
 ``bundles/<fingerprint>-<preset>-<key>``: the checkpoint fingerprint (:func:`qtts.bundle.fingerprint`),
 the preset, and a hash of everything else the bundle depends on (:func:`cache_key`: the qtts version,
 :data:`FORMAT`, the onnxruntime version that quantizes and runs it, the preset's export options).
-A missing bundle is built once (:mod:`qtts.cache_build`) when the export extra is installed, unless
-``no_build`` / ``$QTTS_NO_BUILD=1``, which make it an error naming the command that builds it.
+A missing bundle is built once (:mod:`qtts.backends.cache_build`) when the export extra is
+installed, unless ``no_build`` / ``$QTTS_NO_BUILD=1``, which make it an error naming the command
+that builds it.
 """
 
 from __future__ import annotations

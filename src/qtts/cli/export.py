@@ -336,10 +336,10 @@ def _run_concurrency(args) -> int:
 def _bench_plans(args) -> list:
     """(plan, label) per --plan: presets built (or found) first, so no build is timed."""
     from ..backends import snapshot_dir
-    from ..backends.cache import DEFAULT_PRESET, TORCH, preset_name, resolve_plan
+    from ..backends.cache import DEFAULT_PRESET, ENV_PLAN, TORCH, preset_name, resolve_plan
 
     out = []
-    for plan in args.plan or [DEFAULT_PRESET]:
+    for plan in args.plan or [os.environ.get(ENV_PLAN) or DEFAULT_PRESET]:
         if plan == TORCH:
             out.append((TORCH, "torch fp32"))
             continue
