@@ -66,9 +66,10 @@ class BuildProgress:
             return int(min(self._done + share * inside, 99))
 
     def eta_s(self) -> float:
+        """Seconds left: the first guess, trusted less and the measured pace more as the build goes on."""
         elapsed, pct = time.monotonic() - self.t0, max(self.percent, 1)
-        guess = self.expected_s - elapsed
-        return max(guess if pct < 15 else elapsed * (100 - pct) / pct, 0.0)
+        guess, pace = self.expected_s - elapsed, elapsed * (100 - pct) / pct
+        return max((1 - pct / 100) * guess + pct / 100 * pace, 0.0)
 
     def finish(self, ok: bool = True) -> None:
         self._stop.set()
