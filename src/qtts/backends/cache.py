@@ -9,7 +9,8 @@ A preset's bundle lives in ``$QTTS_CACHE`` (default ``~/.cache/qtts``) under
 ``bundles/<fingerprint>-<preset>-<key>``: the checkpoint fingerprint (:func:`qtts.bundle.fingerprint`),
 the preset, and a hash of everything else the bundle depends on (:func:`cache_key`: the qtts version,
 :data:`FORMAT`, the onnxruntime version that quantizes and runs it, the preset's export options).
-A missing bundle is built once (:mod:`qtts.backends.cache_build`) when the export extra is
+A missing bundle is built once (:mod:`qtts.export.cache_build`, the one place where loading reaches
+the exporter, and only then) when the export extra is
 installed, unless ``no_build`` / ``$QTTS_NO_BUILD=1``, which make it an error naming the command
 that builds it.
 """
@@ -122,12 +123,23 @@ def resolve_plan(plan, snapshot: str, dtype: str = "float32", backend=None, no_b
     return bundle_plan(snapshot, name, no_build=no_build, listeners=listeners)
 
 
+EXPORT_MODULES = ("torch", "onnx", "onnx_ir")
+
+
+def export_missing() -> str | None:
+    """The first module building a bundle needs that is not installed, or None."""
+    import importlib.util
+
+    for module in EXPORT_MODULES:
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
 def _default(snapshot: str, no_build, listeners):
     """The default preset's bundle; without the export extra and no bundle: torch, said once."""
-    from .cache_build import export_missing
-
-    missing = export_missing()
-    if missing and find_bundle(snapshot, DEFAULT_PRESET) is None and _has_torch():
+    if find_bundle(snapshot, DEFAULT_PRESET) is None and export_missing() and _has_torch():
+        missing = export_missing()
         log.warning("qtts: no cached '%s' plan for %s and %s is not installed to build it: running the "
                     "torch fp32 reference (slow); %s builds the fast plan once (--plan torch: no notice)",
                     DEFAULT_PRESET, snapshot, missing, INSTALL_EXPORT)
@@ -163,7 +175,7 @@ def bundle_plan(snapshot: str, preset: str, no_build: bool | None = None, listen
             f"no cached '{preset}' plan for {snapshot} and building is off (--no-build / {ENV_NO_BUILD}=1); "
             f"build it first with: qtts cache build -m {snapshot} --plan {preset}, or pass --plan torch"
         )
-    from .cache_build import build
+    from ..export.cache_build import build  # the exporter, imported only to build (the allowed edge)
 
     return build(snapshot, preset, listeners)
 

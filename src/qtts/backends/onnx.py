@@ -106,8 +106,8 @@ class OnnxBackend:
         self.meta = meta
         load = lambda key: np.load(artifacts[key], mmap_mode="r")  # noqa: E731
         self.text_table = load("text_embedding")  # fp32 or fp16 (rows are cast when gathered)
-        self.codec_table = np.ascontiguousarray(load("codec_embedding"), dtype=np.float32)
-        self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"), dtype=np.float32)
+        self.codec_table = np.ascontiguousarray(load("codec_embedding"))  # mapped, fp32 or fp16 (cast per row)
+        self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"))
         self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
         self.hidden_size = int(self.codec_table.shape[1])
         self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
@@ -126,7 +126,7 @@ class OnnxBackend:
         return self.text_proj.run(None, {"rows": rows})[0]
 
     def codec_embeds(self, ids: np.ndarray) -> np.ndarray:
-        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)]
+        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)].astype(np.float32, copy=False)
 
     def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)

@@ -93,7 +93,7 @@ class ServerState:
         self.load_error = message
 
     def build_listener(self, what: str):
-        """A :mod:`qtts.backends.progress` listener: /health says how far the plan build is."""
+        """A :mod:`qtts.export.progress` listener: /health says how far the plan build is."""
 
         def listen(percent: int, phase: str) -> None:
             self.building = None if phase == "done" else f"building {what}, {percent} % ({phase})"

@@ -1,4 +1,4 @@
-"""Building a cached bundle once: a file lock per key, a staging folder renamed when complete.
+"""Building a cached bundle once (called by :func:`qtts.backends.cache.bundle_plan` when one is missing): a file lock per key, a staging folder renamed when complete.
 
 Two processes that need the same bundle take the key's lock (``locks/<key>.lock``, ``flock``) in
 turn: the first builds, the second finds the finished bundle when the lock is released (the lock
@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import errno
 import filecmp
-import importlib.util
 import logging
 import os
 import secrets
@@ -23,21 +22,11 @@ import shutil
 import tempfile
 import time
 
+from ..backends import cache
+from ..backends.cache import export_missing
 from ..errors import InputError, QttsError
-from . import cache
 
 log = logging.getLogger(__name__)
-
-EXPORT_MODULES = ("torch", "onnx", "onnx_ir")
-
-
-def export_missing() -> str | None:
-    """The first module the export needs that is not installed, or None."""
-    for module in EXPORT_MODULES:
-        if importlib.util.find_spec(module) is None:
-            return module
-    return None
-
 
 def build(snapshot: str, preset: str, listeners: tuple = ()) -> str:
     """Build ``preset``'s bundle for ``snapshot`` into the cache (or a temp folder); its plan.json."""
@@ -169,7 +158,7 @@ def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
     """Export ``preset`` into ``out`` with progress, then write its cache info; returns ``out``."""
     from .. import __version__
     from ..bundle import fingerprint, write_json
-    from ..export.onnx import ExportOptions, export_bundle
+    from .onnx import ExportOptions, export_bundle
     from .progress import BuildProgress, expected_seconds
 
     p = cache.PRESETS[preset]
