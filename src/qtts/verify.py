@@ -9,8 +9,9 @@ Metrics (reusable): :func:`token_agreement`, :func:`first_divergence`, :func:`qt
   agreement of the greedy code-0 pick and the SNR of the talker logits;
 * **codebooks 1-15**: each backend's ``predict_frame`` (greedy) gets the *reference* talker
   hidden state and code 0 of every frame, so the predictor is measured on its own; where the
-  backend reports its predictor logits (torch, ONNX frame graphs) also their SNR (the 15 heads
-  of a frame together, min / median over frames);
+  backend reports its predictor logits (torch, ONNX frame graphs) also their SNR, teacher-forced:
+  per frame over the heads whose inputs were still equal (up to and including the first head whose
+  greedy code differs), min / median over frames;
 * **vocoder**: the plan's streaming vocoder (chunks of 2 then 8 frames) against the torch offline
   decode of the reference codes, SNR in dB.
 
@@ -123,7 +124,7 @@ def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> 
         cb_ref.append(ref[0])
         cb_test.append(test[0])
         if ref[1] is not None and test[1] is not None:
-            psnrs.append(snr_db(ref[1], test[1]))
+            psnrs.append(_forced_heads_snr(ref, test))
     return {
         "code0_top1_agreement": token_agreement(np.array(code0_ref), np.array(code0_test)),
         "codebooks_1_15_agreement": token_agreement(np.concatenate(cb_ref), np.concatenate(cb_test)),
@@ -137,6 +138,14 @@ def _predictor(backend, hidden, code0: int, params, u):
     probe = getattr(backend, "predictor_logits", None)
     out = probe(hidden, code0, params, u) if probe is not None else None
     return out if out is not None else (backend.predict_frame(hidden, code0, params, u), None)
+
+
+def _forced_heads_snr(ref, test) -> float:
+    """SNR of the predictor heads whose inputs were still the same in both runs: every head up to
+    and including the first one whose greedy code differs (the later heads see other codes)."""
+    diff = np.nonzero(np.asarray(ref[0]) != np.asarray(test[0]))[0]
+    n = int(diff[0]) + 1 if len(diff) else len(ref[0])
+    return snr_db(np.asarray(ref[1])[:n], np.asarray(test[1])[:n])
 
 
 def _snr_stats(name: str, snrs) -> dict:
