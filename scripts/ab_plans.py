@@ -7,10 +7,10 @@
         --generation-threads 2 1 --vocoder-threads 2 1      # every split of the two cores
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
-generating ``--frames`` frames with streaming decode (the schedule of qtts.pipeline.Chunker: 1, 2,
+generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
 4, 8, ...), serial. Prints per-run talker / predictor / vocoder ms per frame, the median RTF and
 TTFA. ``--pipelined`` adds, for each plan, the two-thread pipeline of ``TTS.stream``
-(qtts.pipeline.run_ahead) as its own interleaved variant.
+(qtts.engine.stream.run_ahead) as its own interleaved variant.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import sys
 import numpy as np
 
 from qtts.backends import open as open_components
-from qtts.bench import BenchOptions, _loop_params, _one_run
 from qtts.errors import InputError, QttsError
-from qtts.verify import reference_prompt
+from qtts.export.verify import reference_prompt
+from qtts.tools.bench import BenchOptions, _loop_params, _one_run
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=64)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="talker / predictor (and serial vocoder) threads")
-    ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.pipeline)")
+    ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.engine.stream)")
     ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
                     help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
     ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from batch_util import TEXTS, request, voices  # noqa: E402
 from qtts.backends import open as open_parts  # noqa: E402
-from qtts.generate import advance, advance_rows, next_code0, predict, predict_rows, prefill, release  # noqa: E402
+from qtts.engine.generate import advance, advance_rows, next_code0, predict, predict_rows, prefill, release  # noqa: E402
+from qtts.engine.sampling import PredictorSampler  # noqa: E402
 
 
 def _requests(parts) -> list:
@@ -64,7 +65,7 @@ def predictor_rows(single, batched) -> bool:
     hidden = np.stack([s.hidden for s in states])
     code0 = np.array([c for c, _ in picks])
     uniforms = np.stack([u for _, u in picks])
-    params = [r.params.predictor for r in reqs]
+    params = [PredictorSampler(r.params.predictor) for r in reqs]
     be = batched.backend
     alone = [be.predict_frames(hidden[i : i + 1], code0[i : i + 1], params[i : i + 1], uniforms[i : i + 1])[0]
              for i in range(len(reqs))]  # fmt: skip

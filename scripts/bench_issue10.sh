@@ -13,7 +13,7 @@ set -euo pipefail
 W=${1:-/tmp/bench10}
 M06=${M06:-$W/full06}
 M17=${M17:-$W/full17}
-TOK=${TOK:-../shared/reference/configs/text-tokenizer-qwen2}
+TOK=${TOK:-tests/data/reference/configs/text-tokenizer-qwen2}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PY=.venv/bin/python
 QTTS="$PY -m qtts"

@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank today."  # = qtts.bench.TEXT
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank today."  # = qtts.tools.bench.TEXT
 SR, HOP = 24000, 1920
-XVEC_SEED, XVEC_SCALE = 1234, 0.05  # = qtts.verify._prompt: the benchmark's fixed x-vector
+XVEC_SEED, XVEC_SCALE = 1234, 0.05  # = qtts.export.verify._prompt: the benchmark's fixed x-vector
 PERF = re.compile(r"\[Perf\] (\w+) ([\d.]+) ms")
 # fallbacks for a GGUF without generation.* keys = the released checkpoints' generation_config.json
 SAMPLING = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
@@ -50,7 +50,7 @@ class InputError(Exception):
 
 
 # ---------------------------------------------------------------------------------- machine load
-# The same /proc sampling as qtts.bench: `run` executes in .venv-peer, where qtts (and numpy,
+# The same /proc sampling as qtts.tools.bench: `run` executes in .venv-peer, where qtts (and numpy,
 # onnxruntime) are not installed, so it cannot import them; keep the two in step.
 
 
@@ -281,7 +281,7 @@ def write_json(path: str, obj) -> None:
 
 def cmd_table(args) -> int:
     """[main venv] all rows of ``qtts bench --json`` files and ``run --json`` files in one table."""
-    from qtts.bench import plot, table_markdown
+    from qtts.tools.bench import plot, table_markdown
 
     results, official = [], None
     for path in args.files:
@@ -325,7 +325,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--idle-timeout", type=float, default=900.0, help="seconds to wait for --idle-gate")
     table = sub.add_parser("table", help="qtts bench + peer rows in one markdown table")
     table.add_argument("files", nargs="+", help="`qtts bench --json` and `bench_peer.py run --json` files")
-    table.add_argument("--plot", help="also write the stacked-bar PNG (qtts.bench.plot)")
+    table.add_argument("--plot", help="also write the stacked-bar PNG (qtts.tools.bench.plot)")
     m = sub.add_parser("_measure")  # internal: one variant, in a child process; prints one JSON row
     for flag in ("--talker", "--codec", "--variant"):
         m.add_argument(flag, required=True)

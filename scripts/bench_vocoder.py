@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 from qtts.backends.onnx import OnnxVocoder
 from qtts.backends.torch import TorchVocoder
 from qtts.errors import InputError, QttsError

@@ -28,11 +28,11 @@ REF = os.path.normpath(
 
 import official  # noqa: E402
 from encoder_helpers import codec_wav, speaker_wav  # noqa: E402
+from qtts.audio.mel import log_mel  # noqa: E402
 from qtts.backends.torch import TorchSpeakerEncoder  # noqa: E402
 from qtts.config import ModelConfig  # noqa: E402
-from qtts.mel import log_mel  # noqa: E402
-from qtts.model.codec_encoder import Encoder  # noqa: E402
 from qtts.model.speaker import SpeakerEncoder  # noqa: E402
+from qtts.model.speech_encoder import Encoder  # noqa: E402
 
 
 def _randomize(module, seed: int, gain: float) -> None:

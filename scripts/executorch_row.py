@@ -25,21 +25,17 @@ import time
 import numpy as np
 import torch
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
+from qtts.backends.executorch import EtVocoder, load_method, method_runner
 from qtts.backends.qnn import PlainPredictor, torch_tables
 from qtts.backends.torch import TorchBackend, TorchVocoder
-from qtts.export.executorch import (
-    EtVocoder,
-    export_predictor_pte,
-    export_vocoder_pte,
-    load_method,
-    method_runner,
-)
+from qtts.engine.sampling import PredictorSampler
+from qtts.export.executorch import export_predictor_pte, export_vocoder_pte
 from qtts.export.qnn import plain_step
 from qtts.options import SamplingParams
 from qtts.weights import load_checkpoint
 
-GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
 
 
 def _median_ms(fn, repeats: int) -> float:

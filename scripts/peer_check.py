@@ -91,9 +91,9 @@ def qtts_reference(args) -> int:
     from dataclasses import replace
 
     from qtts import backends
+    from qtts.export.verify import _generate, greedy_params
     from qtts.options import SamplingParams
-    from qtts.prompt import Mode, build_prompt
-    from qtts.verify import _generate, greedy_params
+    from qtts.text.prompt import Mode, build_prompt
 
     parts = backends.open(str(args.model), threads=args.threads)
     cfg = parts.config

@@ -233,7 +233,7 @@ def bpe_kv(tok_dir: Path) -> list:
     ]
     if missing:
         raise FileNotFoundError(f"{tok_dir} lacks {', '.join(missing)}: the peer needs the real BPE vocab and merges; "
-                                "pass --tokenizer ../shared/reference/configs/text-tokenizer-qwen2")  # fmt: skip
+                                "pass --tokenizer tests/data/reference/configs/text-tokenizer-qwen2")  # fmt: skip
     vocab = json.loads((tok_dir / "vocab.json").read_text(encoding="utf-8"))
     added = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get(
         "added_tokens_decoder", {}

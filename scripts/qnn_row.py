@@ -21,7 +21,8 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
+from qtts.backends.plan import load_plan
 from qtts.backends.qnn import (
     PlainPredictor,
     QnnOptions,
@@ -31,11 +32,11 @@ from qtts.backends.qnn import (
     torch_tables,
 )
 from qtts.backends.torch import TorchBackend
+from qtts.engine.sampling import PredictorSampler
 from qtts.options import SamplingParams
-from qtts.plan import load_plan
 from qtts.weights import load_checkpoint
 
-GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
 
 
 def predictor_row(talker, path: str, opts: QnnOptions, frames: int) -> dict:

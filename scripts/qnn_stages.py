@@ -20,10 +20,10 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 from qtts.backends.onnx import OnnxVocoder
 from qtts.backends.qnn import QnnOptions, qnn_session
-from qtts.backends.step import STEP_OUTPUTS, rope_freqs
+from qtts.backends.vocoder_step import STEP_OUTPUTS, rope_freqs
 
 
 def expose(src: str, dst: str, points: int) -> list[str]:

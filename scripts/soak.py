@@ -71,7 +71,7 @@ def start_local(args):
 
     model = args.model
     if model is None:
-        from qtts.random_checkpoint import write_random_checkpoint
+        from qtts.tools.random_checkpoint import write_random_checkpoint
 
         tok = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "configs",
                            "text-tokenizer-qwen2")

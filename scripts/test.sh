@@ -1,9 +1,40 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs into .venv (idempotent) and run it.
-# This is the README test command; .ci/run calls it on a clean checkout.
+# Install everything the test suite needs into .venv (idempotent), lint, and run it.
+# This is the README test command; .ci/run calls it on a clean checkout. Everything the tests read
+# is in the repository (tests/data/reference, src/qtts/data): nothing outside the checkout is needed.
+#   bash scripts/test.sh                               the whole suite (CI)
+#   bash scripts/test.sh -m "not parity and not slow"  the fast lane for everyday work
+#   QTTS_TEST_WORKERS=0 bash scripts/test.sh ...       one process instead of two workers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+# -- prerequisites, checked before anything is downloaded --------------------------------------
+die() { echo "scripts/test.sh: $*" >&2; exit 2; }
+command -v "$PY" >/dev/null 2>&1 || die "$PY not found; install Python >= 3.10 (or set PYTHON=/path/to/python3)"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || die "$PY is $("$PY" -V 2>&1); qtts needs Python >= 3.10 (set PYTHON=/path/to/python3.11)"
+"$PY" -c 'import venv, ensurepip' 2>/dev/null \
+  || die "$PY cannot make virtual environments; install its venv module (Debian: apt-get install python3-venv)"
+command -v git >/dev/null 2>&1 || die "git not found (the fresh-clone test clones this checkout); install git"
+free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
+[ "${free_mb:-0}" -ge 6000 ] || die "only ${free_mb} MB free here; the environments and test files need ~6 GB"
+need_chromium=0
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    need_chromium=1
+  else
+    die "chromium is missing (the web-page tests drive it through Playwright) and cannot be installed" \
+        "here (needs root + apt-get); install Debian's 'chromium' package first"
+  fi
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "scripts/test.sh: first run: creating .venv with torch 2.13.0 (CPU) and the test extras," \
+       "qwen-tts 0.1.1 (parity), the RKNN converter env .venv-rknn$([ $need_chromium = 1 ] && echo ', and Debian chromium via apt')" \
+       "— several minutes and ~5 GB; later runs reuse them" >&2
+fi
+
+# -- installs (idempotent) --------------------------------------------------------------------
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -12,13 +43,9 @@ $VPY -m pip install -q -U pip wheel
 $VPY -m pip install -q torch==2.13.0            # local CPU wheel on the project machines
 $VPY -m pip install -q -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer,ray]"
 # The web-page test drives Debian's Chromium through Playwright (never 'playwright install').
-if ! command -v chromium >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "scripts/test.sh: chromium is missing and cannot be installed here (needs root + apt-get);" \
-         "install Debian's 'chromium' package, or tests/test_web_page.py fails" >&2
-  fi
+if [ $need_chromium = 1 ]; then
+  echo "scripts/test.sh: installing Debian's chromium (apt-get, as root) for the web-page tests" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
 # gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/official.py).
@@ -26,7 +53,13 @@ $VPY -m pip install -q --no-deps qwen-tts==0.1.1
 if [ -f scripts/setup_rknn_env.sh ]; then
   bash scripts/setup_rknn_env.sh
 fi
+
+# -- lint, then the suite ---------------------------------------------------------------------
+$VPY -m ruff check -q src tests scripts examples || die "ruff check failed (above); '.venv/bin/ruff check --fix' mends most"
 # Two worker processes, one test file each at a time (pytest-xdist --dist loadfile: module
 # fixtures such as a file's exported bundle stay in one process). 1101 tests took 674 s this way
 # against 1122 s in one process on the 2-core VM; QTTS_TEST_WORKERS=0 runs them in one process.
+if [ "${QTTS_TEST_WORKERS:-2}" = 0 ]; then
+  exec $VPY -m pytest -q "$@"
+fi
 exec $VPY -m pytest -q -n "${QTTS_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -6,10 +6,10 @@ import dataclasses
 
 import numpy as np
 
-from qtts.batching import BatchLoop
-from qtts.generate import LoopParams, generate
+from qtts.engine.batching import BatchLoop
+from qtts.engine.generate import LoopParams, generate
 from qtts.options import SynthesisOptions
-from qtts.prompt import build_prompt, resolve_mode
+from qtts.text.prompt import build_prompt, resolve_mode
 from qtts.voice import Voice
 
 TEXTS = [

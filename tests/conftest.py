@@ -2,14 +2,18 @@
 
 Constants
     ``REPO_ROOT``            the checkout.
-    ``SHARED_REFERENCE``     ``<repo>/../shared/reference`` (CI keeps ``shared/`` beside the checkout).
-    ``REAL_TOKENIZER_DIR``   ``SHARED_REFERENCE/configs/text-tokenizer-qwen2`` (real Qwen2 vocab.json + merges.txt).
-    ``shared_reference(*parts)`` -> path inside SHARED_REFERENCE; fails the test clearly when it is missing.
+    ``REFERENCE_ROOTS``      where the real published files live, all inside the repository:
+                             ``tests/data/reference`` (Qwen2 tokenizer, speech-tokenizer config, tensor-name
+                             lists; sources in its README.md) and ``src/qtts/data`` (the model configs the
+                             package ships). Both have the same layout: ``configs/<name>/...``.
+    ``REAL_TOKENIZER_DIR``   ``tests/data/reference/configs/text-tokenizer-qwen2`` (real Qwen2 vocab.json + merges.txt).
+    ``reference(*parts)``    -> the path under the first root that has it; fails the test clearly when none does.
+    ``reference_configs(name)`` -> ``reference("configs", name)``: a real model's config folder.
 
 Fixtures (session scope; results are cached per argument set)
     ``tiny_snapshot(kind="base", layout="0.6b", seed=0, real_tokenizer=True) -> str``
         Path of a tiny random-weight snapshot in the real layout written by
-        :func:`qtts.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
+        :func:`qtts.tools.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
         custom_voice / voice_design (voice_design needs layout "1.7b"); ``layout`` "0.6b"
         (talker hidden == predictor hidden) or "1.7b" (talker wider: ``small_to_mtp_projection``);
         ``real_tokenizer`` copies the real Qwen2 tokenizer files, else a byte-level stand-in
@@ -47,8 +51,8 @@ import tempfile
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_REFERENCE = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "reference"))
-REAL_TOKENIZER_DIR = os.path.join(SHARED_REFERENCE, "configs", "text-tokenizer-qwen2")
+REFERENCE_ROOTS = (os.path.join(REPO_ROOT, "tests", "data", "reference"), os.path.join(REPO_ROOT, "src", "qtts", "data"))
+REAL_TOKENIZER_DIR = os.path.join(REFERENCE_ROOTS[0], "configs", "text-tokenizer-qwen2")
 
 _CACHE = tempfile.mkdtemp(prefix="qtts-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, True)
@@ -65,20 +69,24 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-def shared_reference(*parts: str) -> str:
-    """A path under ``../shared/reference``; fails (never skips) when the folder is not there."""
-    path = os.path.join(SHARED_REFERENCE, *parts)
-    if not os.path.exists(path):
-        pytest.fail(
-            f"{path} is missing: the tests need the shared reference folder beside the checkout "
-            f"(expected at {SHARED_REFERENCE}, i.e. <repo>/../shared/reference)"
-        )
-    return path
+def reference(*parts: str) -> str:
+    """A vendored real file or folder (``REFERENCE_ROOTS``); fails (never skips) when it is missing."""
+    for root in REFERENCE_ROOTS:
+        path = os.path.join(root, *parts)
+        if os.path.exists(path):
+            return path
+    pytest.fail(f"{os.path.join(*parts)} is in none of {REFERENCE_ROOTS}: the vendored reference files "
+                "are part of the repository (tests/data/reference/README.md); restore them from git")
+
+
+def reference_configs(name: str) -> str:
+    """The config folder of a real checkpoint (``Qwen3-TTS-12Hz-0.6B-Base``, ...)."""
+    return reference("configs", name)
 
 
 @pytest.fixture(scope="session")
 def tiny_snapshot(tmp_path_factory):
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
     root = tmp_path_factory.mktemp("tiny-snapshots")
@@ -86,7 +94,7 @@ def tiny_snapshot(tmp_path_factory):
     def make(kind: str = "base", layout: str = "0.6b", seed: int = 0, real_tokenizer: bool = True) -> str:
         key = (kind, layout, int(seed), bool(real_tokenizer))
         if key not in cache:
-            tok = shared_reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
+            tok = reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
             out = root / f"{kind}-{layout}-s{seed}-{'real' if real_tokenizer else 'standin'}"
             cache[key] = write_random_checkpoint(
                 str(out), size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok
@@ -141,8 +149,8 @@ def official_tts():
 def eos_snapshot(tmp_path_factory):
     """``eos_snapshot(kind="base", layout="0.6b") -> str``: a tiny snapshot written with
     ``natural_eos=True`` (greedy generation reaches EOS by itself some frames after the text is
-    used up; see :func:`qtts._random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
-    from qtts.random_checkpoint import write_random_checkpoint
+    used up; see :func:`qtts.tools.random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
     root = tmp_path_factory.mktemp("eos-snapshots")
@@ -151,7 +159,7 @@ def eos_snapshot(tmp_path_factory):
         if (kind, layout) not in cache:
             cache[(kind, layout)] = write_random_checkpoint(
                 str(root / f"{kind}-{layout}"), size="tiny", kind=kind, layout=layout, seed=0,
-                tokenizer_dir=shared_reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
+                tokenizer_dir=reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
             )
         return cache[(kind, layout)]
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 import official
-from conftest import shared_reference
+from conftest import reference
 from qtts.config import EncoderConfig, SpeakerEncoderConfig, _from_dict
-from qtts.model.codec_encoder import Encoder
 from qtts.model.speaker import SpeakerEncoder
+from qtts.model.speech_encoder import Encoder
 
 TINY = dict(
     enc_dim=32, sample_rate=24000, mel_dim=128, enc_channels=[16, 16, 16, 16, 48],
@@ -80,7 +80,7 @@ def official_tokenizer_pair(sliding_window: int = 250):
     )
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 
-    path = shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
+    path = reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
     with open(path, encoding="utf-8") as fh:
         cfg = json.load(fh)
     cfg["decoder_config"].update(

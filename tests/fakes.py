@@ -89,7 +89,7 @@ class FakeBackend:
             logits[self.cycle[frame % len(self.cycle)]] = 100.0
         return logits, h.copy(), {"h": h, "max_len": state["max_len"]}
 
-    def predict_frame(self, hidden, code0, params, uniforms):
+    def predict_frame(self, hidden, code0, sampler, uniforms):
         self.events.append(("predict", int(code0)))
         hidden = np.asarray(hidden, np.float32)
 
@@ -97,4 +97,4 @@ class FakeBackend:
             v = hidden + (self.codec_table[code] if j == 0 else self.cp_tables[j - 1][code])
             return self.cp_head[j] @ np.tanh(v)
 
-        return run_predictor_steps(step_logits, code0, params, uniforms)
+        return run_predictor_steps(step_logits, code0, sampler, uniforms)

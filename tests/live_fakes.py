@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 
-from conftest import REAL_TOKENIZER_DIR, SHARED_REFERENCE
+from conftest import REAL_TOKENIZER_DIR, reference_configs
 from fakes import FakeBackend
 from qtts.api import TTS
 from qtts.backends import Components
 from qtts.config import ModelConfig
-from qtts.frontend import TextTokenizer
+from qtts.text.tokenizer import TextTokenizer
 
 H = 8
 
@@ -87,7 +87,7 @@ def tokenizer() -> TextTokenizer:
 
 
 def fake_tts(kind: str = "Qwen3-TTS-12Hz-0.6B-Base", **backend_kw) -> tuple[TTS, TextBackend, RecordingVocoder]:
-    cfg = ModelConfig.from_dir(f"{SHARED_REFERENCE}/configs/{kind}", speech_tokenizer=False)
+    cfg = ModelConfig.from_dir(reference_configs(kind), speech_tokenizer=False)
     cfg.talker_config.hidden_size = H
     backend = TextBackend(hidden_size=H, **backend_kw)
     vocoder = RecordingVocoder(ZeroVocoder())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 
 SPF = 1920  # samples per codec frame
 MIN_SNR_DB = 70.0  # fp32 streamed vs official offline decode: ~90-110 dB; one wrong code: < 25 dB

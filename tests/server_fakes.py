@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from qtts.audio import AudioChunk
+from qtts.audio.chunk import AudioChunk
 from qtts.errors import InputError
 
 FRAME = 1920

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import SHARED_REFERENCE
+from conftest import reference_configs
 from fakes import FakeBackend
 from qtts.api import TTS
 from qtts.backends import Components
@@ -61,7 +61,7 @@ class _FakeStream:
 
 
 def make_tts(kind="Qwen3-TTS-12Hz-0.6B-Base", **backend_kw):
-    cfg = ModelConfig.from_dir(f"{SHARED_REFERENCE}/configs/{kind}", speech_tokenizer=False)
+    cfg = ModelConfig.from_dir(reference_configs(kind), speech_tokenizer=False)
     cfg.talker_config.hidden_size = H
     backend = FakeBackend(hidden_size=H, **backend_kw)
     parts = Components(cfg, FakeTokenizer(), backend, FakeVocoder(backend.events))
@@ -214,9 +214,9 @@ def test_facts():
 def test_real_stream_equals_offline_decode(real_tts, icl):
     import torch
 
-    from qtts.audio import snr_db
-    from qtts.generate import LoopParams, generate
-    from qtts.prompt import build_prompt, resolve_mode
+    from qtts.audio.chunk import snr_db
+    from qtts.engine.generate import LoopParams, generate
+    from qtts.text.prompt import build_prompt, resolve_mode
 
     parts = real_tts.components
     assert parts.vocoder.threads == 1  # load(threads=1) reaches the vocoder too

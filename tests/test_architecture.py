@@ -6,7 +6,9 @@
   one declared edge :data:`BUILD_EDGE`: the plan cache calls the exporter to build a missing preset
   (lazily; a cached or exported bundle never imports ``qtts.export``, tests/test_no_torch_runtime.py);
 * every file is under 400 lines and every function under 50 (STYLE.md's size budget);
-* the package tree in docs/design.md lists exactly the modules that exist.
+* the package tree in docs/design.md lists exactly the modules that exist;
+* engine/ and text/ import no torch and no runtime; tools/ is never reached from the runtime;
+* one frames -> chunks loop (engine/stream.py) and an explicit batch seam (BatchBackend).
 """
 
 from __future__ import annotations
@@ -156,3 +158,106 @@ def test_design_doc_lists_every_module():
     listed = _doc_tree()
     assert sorted(actual - listed) == [], "modules missing from the docs/design.md tree"
     assert sorted(listed - actual) == [], "docs/design.md lists modules that do not exist"
+
+
+def _external_imports(mod: str) -> set[str]:
+    """Top-level names of the non-qtts packages a module imports (lazy imports too)."""
+    with open(MODULES[mod], encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"qtts"}
+
+
+RUNTIMES = {"torch", "onnxruntime", "onnx", "rknn", "rknnlite", "executorch", "transformers", "fastapi", "wyoming"}
+
+
+@pytest.mark.parametrize("folder", ["qtts.engine", "qtts.text"])
+def test_engine_and_text_need_no_torch_and_no_runtime(folder):
+    mods = [m for m in MODULES if m == folder or m.startswith(folder + ".")]
+    assert mods
+    bad = {m: sorted(_external_imports(m) & RUNTIMES) for m in mods}
+    assert {m: d for m, d in bad.items() if d} == {}
+    # the only runtime-side module they reach is the seam's protocol file (pure numpy)
+    reach = set().union(*(_reach(m) for m in mods))
+    assert sorted(d for d in reach if d.startswith("qtts.backends") and d not in {"qtts.backends", "qtts.backends.base",
+                                                                                 "qtts.backends.plan"}) == []  # fmt: skip
+
+
+@pytest.mark.parametrize("start", ["qtts", "qtts.api", "qtts.engine.stream", "qtts.engine.batching", "qtts.backends",
+                                   "qtts.backends.torch", "qtts.backends.onnx", "qtts.server.app"])  # fmt: skip
+def test_tools_are_never_imported_by_the_runtime(start):
+    assert sorted(d for d in _reach(start) | {start} if d.startswith("qtts.tools")) == []
+
+
+def test_one_frames_to_chunks_loop():
+    """The frames -> chunks loop lives in engine/stream.py alone (stream, stream_text and decode share it;
+    the benchmark drives a Chunker itself to time the vocoder per chunk)."""
+    assert not {"qtts.chunking", "qtts.pipeline", "qtts.textsource"} & set(MODULES)
+    pushers, private = [], []
+    for mod, path in MODULES.items():
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if re.search(r"chunker\.(push|drain|flush)\(", text) and mod not in ("qtts.engine.stream", "qtts.tools.bench"):
+            pushers.append(mod)
+        if mod != "qtts.api" and re.search(r"\b(tts|self\.tts|engine)\._stream", text):
+            private.append(mod)
+    assert pushers == [] and private == []
+
+
+def test_the_batch_seam_is_a_protocol():
+    """engine/ asks ``isinstance(backend, BatchBackend)``, never ``hasattr`` (the seam is explicit)."""
+    for mod in (m for m in MODULES if m.startswith("qtts.engine")):
+        with open(MODULES[mod], encoding="utf-8") as fh:
+            assert "hasattr(backend" not in fh.read(), mod
+    from qtts.backends.base import BatchBackend
+    from qtts.backends.onnx_batch import OnnxBatchBackend
+    from qtts.backends.torch import TorchBackend
+
+    methods = {"talker_rows", "predict_frames", "release"}
+    assert methods <= set(dir(BatchBackend))
+    for cls in (TorchBackend, OnnxBatchBackend):  # the batched runtimes implement every method of it
+        assert methods <= set(dir(cls)), cls
+
+
+_TRACE = r"""
+import inspect, json, os, sys, threading
+import qtts
+root = os.path.dirname(qtts.__file__)
+seen = set()
+def prof(frame, event, arg):
+    code = frame.f_code
+    if event != "call" or not code.co_flags & inspect.CO_OPTIMIZED or not code.co_filename.startswith(root):
+        return  # not a function (module and class bodies run at import are not counted)
+    seen.add(os.path.relpath(code.co_filename, root).replace(os.sep, "/"))
+threading.setprofile(prof)
+sys.setprofile(prof)
+tts = qtts.load(sys.argv[1])
+for chunk in tts.stream("Hello there.", speaker=tts.speakers[0], options=qtts.SynthesisOptions(max_frames=4)):
+    pass
+sys.setprofile(None)
+threading.setprofile(None)
+print(json.dumps(sorted(f for f in seen if not f.startswith("model/"))))
+"""
+
+
+def test_files_one_request_runs(tiny_snapshot):
+    """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute (measured here)."""
+    import json
+    import subprocess
+    import sys
+
+    snapshot = tiny_snapshot(kind="custom_voice")
+    out = subprocess.run([sys.executable, "-c", _TRACE, snapshot], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=SRC), timeout=300)  # fmt: skip
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "api.py" in ran and "engine/stream.py" in ran and "engine/generate.py" in ran
+    with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
+        block = fh.read().split("<!-- request-files -->", 1)[1].split("<!-- /request-files -->", 1)[0]
+    listed = re.findall(r"`([\w/]+\.py)`", block)
+    assert sorted(listed) == ran, f"docs/design.md lists {sorted(listed)}, a request runs {ran}"
+    assert f"{len(ran)} files" in block

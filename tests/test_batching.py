@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-import qtts.batching as batching
+import qtts.engine.batching as batching
 from batch_util import TEXTS, alone, request, run_batch, voices
 from qtts.backends import open as open_parts
 
@@ -89,7 +89,7 @@ def test_onnx_fp32_rows_are_bitwise_those_of_one_stream(onnx_parts):
     """Stronger than equal codes: every batched row's logits and hidden state equal the one-stream
     graph's bit for bit (MLAS GEMM rows do not depend on M; GQA attends per row), also when a row
     steps alone while lower rows are idle."""
-    from qtts.generate import prefill, release
+    from qtts.engine.generate import prefill, release
 
     single, batched = onnx_parts
     reqs = base_requests(batched)[:3]
@@ -103,7 +103,7 @@ def test_onnx_fp32_rows_are_bitwise_those_of_one_stream(onnx_parts):
 
 
 def _step_side_by_side(single, batched, reqs, one, many) -> None:
-    from qtts.generate import advance, advance_rows, next_code0, predict, predict_rows
+    from qtts.engine.generate import advance, advance_rows, next_code0, predict, predict_rows
 
     for step in range(8):
         picks = [next_code0(s, r.params) for s, r in zip(one, reqs)]

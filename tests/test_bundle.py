@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from conftest import SHARED_REFERENCE
-from qtts.bundle import fingerprint
+from conftest import reference_configs
+from qtts.backends.bundle import fingerprint
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
 from qtts.export.onnx import ExportOptions, export_bundle
@@ -86,10 +86,10 @@ def old_bundle(tiny_snapshot, tmp_path_factory):
 
 def test_old_bundle_loads_with_a_warning(tiny_snapshot, old_bundle, caplog):
     from qtts.backends import open as open_components
+    from qtts.backends.bundle import read_manifest
     from qtts.backends.onnx import OnnxVocoder
-    from qtts.bundle import read_manifest
 
-    with caplog.at_level(logging.WARNING, logger="qtts.bundle"):
+    with caplog.at_level(logging.WARNING, logger="qtts.backends.bundle"):
         parts = open_components(tiny_snapshot(kind="custom_voice"), plan=str(old_bundle / "plan.json"))
     assert "records no checkpoint fingerprint" in caplog.text
     assert isinstance(parts.vocoder, OnnxVocoder) and parts.plan.impl("vocoder") == "onnx"
@@ -120,6 +120,6 @@ def test_default_threads_by_model_size(tiny_snapshot):
     from qtts.config import ModelConfig
 
     assert default_threads(ModelConfig.from_dir(tiny_snapshot(), speech_tokenizer=False)) == 1
-    real = ModelConfig.from_dir(os.path.join(SHARED_REFERENCE, "configs", "Qwen3-TTS-12Hz-0.6B-Base"),
+    real = ModelConfig.from_dir(reference_configs("Qwen3-TTS-12Hz-0.6B-Base"),
                                 speech_tokenizer=False)  # fmt: skip
     assert default_threads(real) == max(1, min(os.cpu_count() or 1, MAX_THREADS))

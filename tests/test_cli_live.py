@@ -8,7 +8,7 @@ import sys
 import threading
 
 import qtts
-from qtts.audio import float_to_int16
+from qtts.audio.chunk import float_to_int16
 from qtts.cli import main
 from qtts.options import SynthesisOptions
 

@@ -13,9 +13,9 @@ import pytest
 import soundfile as sf
 
 import qtts
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
+from qtts.audio.codes import load_codes, save_codes
 from qtts.cli import main
-from qtts.codes import load_codes, save_codes
 from qtts.errors import InputError
 from qtts.options import SynthesisOptions
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import shared_reference
+from conftest import reference
 from qtts.config import ModelConfig
 from qtts.errors import ConfigError
 
@@ -23,7 +23,7 @@ REAL = [
 
 @pytest.mark.parametrize("name", REAL)
 def test_real_configs_parse(name):
-    path = shared_reference("configs", name)
+    path = reference("configs", name)
     cfg = ModelConfig.from_dir(path)
     raw = json.load(open(os.path.join(path, "config.json")))
     assert cfg.tts_model_type == raw["tts_model_type"]
@@ -51,7 +51,7 @@ def test_real_configs_parse(name):
     ],
 )
 def test_missing_key_names_file_and_key(tmp_path, block, key):
-    src = shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base")
+    src = reference("configs", "Qwen3-TTS-12Hz-0.6B-Base")
     dst = tmp_path / "snap"
     shutil.copytree(src, dst)
     data = json.load(open(dst / "config.json"))
@@ -70,7 +70,7 @@ def test_missing_key_names_file_and_key(tmp_path, block, key):
 
 def test_missing_speech_tokenizer_key(tmp_path):
     dst = tmp_path / "snap"
-    shutil.copytree(shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base"), dst)
+    shutil.copytree(reference("configs", "Qwen3-TTS-12Hz-0.6B-Base"), dst)
     st = dst / "speech_tokenizer" / "config.json"
     data = json.load(open(st))
     del data["decoder_config"]["codebook_size"]
@@ -81,7 +81,7 @@ def test_missing_speech_tokenizer_key(tmp_path):
 
 def test_unknown_keys_tolerated(tmp_path):
     dst = tmp_path / "snap"
-    shutil.copytree(shared_reference("configs", "Qwen3-TTS-12Hz-1.7B-Base"), dst)
+    shutil.copytree(reference("configs", "Qwen3-TTS-12Hz-1.7B-Base"), dst)
     data = json.load(open(dst / "config.json"))
     data["some_future_key"] = {"x": 1}
     data["talker_config"]["another_new_field"] = [1, 2, 3]

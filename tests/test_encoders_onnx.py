@@ -7,7 +7,7 @@ import onnxruntime as ort
 import torch
 
 from encoder_helpers import TINY, codec_wav, official_tokenizer_pair
-from qtts import mel
+from qtts.audio import mel
 from qtts.config import SpeakerEncoderConfig
 from qtts.export.encoders import export_speaker_encoder, export_speech_encoder
 from qtts.model.speaker import SpeakerEncoder

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REAL_TOKENIZER_DIR, reference_configs
 from qtts.errors import ConfigError
-from qtts.frontend import TextTokenizer, official_regex, split_sentences
+from qtts.text.sentences import split_sentences
+from qtts.text.tokenizer import TextTokenizer, official_regex
 
 HERE = Path(__file__).resolve().parent
-REF_DIR = HERE.parent / ".." / "shared" / "reference" / "configs"
-TOK_DIR = REF_DIR / "text-tokenizer-qwen2"
-BASE_DIR = REF_DIR / "Qwen3-TTS-12Hz-0.6B-Base"
+TOK_DIR = Path(REAL_TOKENIZER_DIR)
+BASE_DIR = Path(reference_configs("Qwen3-TTS-12Hz-0.6B-Base"))
 CORPUS = HERE / "data" / "tokenizer_corpus.txt"
 
 _ESCAPE = re.compile(r"\\(n|r|t|\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")

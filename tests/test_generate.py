@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fakes import EOS, FakeBackend, simple_prompt
-from qtts.generate import (
+from qtts.engine.generate import (
     BUDGET_BASE,
     BUDGET_PER_TOKEN,
     LoopParams,

@@ -1,4 +1,4 @@
-"""Incremental token finality (qtts.incremental): ids handed out for text that arrives in pieces are
+"""Incremental token finality (qtts.text.incremental): ids handed out for text that arrives in pieces are
 always a prefix of the whole text's prompt body ids, and all of them at the end.
 
 Property tests over the tokenizer corpus (10 languages, digits, emoji, NFD, controls, special-token
@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from conftest import REAL_TOKENIZER_DIR
 from qtts.errors import InputError
-from qtts.frontend import TextTokenizer, sentence_end
-from qtts.incremental import FinalTokens, hard_boundary, stable_starter
-from qtts.prompt import Mode, _tokenize, clean_text
+from qtts.text.incremental import FinalTokens, hard_boundary, stable_starter
+from qtts.text.prompt import Mode, _tokenize, clean_text
+from qtts.text.sentences import sentence_end
+from qtts.text.tokenizer import TextTokenizer
 from test_frontend import corpus
 
 

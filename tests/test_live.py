@@ -15,8 +15,8 @@ import pytest
 
 from live_fakes import H, aslow, chunkings, decode_steps, fake_tts, slow, tokenizer
 from qtts.errors import InputError
-from qtts.live import TextFeed
 from qtts.options import SynthesisOptions
+from qtts.text.live import TextFeed
 from qtts.voice import Voice
 
 VOICE = Voice(np.ones(H, np.float32), model_size="0b6")

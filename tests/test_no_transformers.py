@@ -12,14 +12,14 @@ SCRIPT = textwrap.dedent(
     import importlib, pkgutil, sys
     sys.modules["transformers"] = None  # any 'import transformers' now raises ImportError
     sys.modules["qwen_tts"] = None
-    import qtts, qtts.weights, qtts.random_checkpoint, qtts.model
+    import qtts, qtts.weights, qtts.tools.random_checkpoint, qtts.model
     names = [m.name for m in pkgutil.iter_modules(qtts.model.__path__)]
     for name in names:
         importlib.import_module("qtts.model." + name)
-    for optional in ("qtts.api", "qtts.generate", "qtts.frontend", "qtts.prompt", "qtts.sampling"):
+    for optional in ("qtts.api", "qtts.engine.generate", "qtts.text.tokenizer", "qtts.text.prompt", "qtts.engine.sampling"):
         if importlib.util.find_spec(optional) is not None:
             importlib.import_module(optional)
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
     from qtts.weights import load_checkpoint
     out = write_random_checkpoint(sys.argv[1], kind="base", layout="1.7b")
     ckpt = load_checkpoint(out)

@@ -52,7 +52,7 @@ def _backends(snapshot: str, bundle: str):
 
 def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
     """Greedy talker + predictor frames from a fixed random prompt through the real loop."""
-    from qtts.generate import LoopParams, generate
+    from qtts.engine.generate import LoopParams, generate
     from qtts.options import SamplingParams
 
     rng = np.random.default_rng(seed)
@@ -69,9 +69,9 @@ def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
 
 
 def test_fp32_bundle_layout_and_manifest(fp32_bundle, snapshot):
-    from qtts.bundle import fingerprint
+    from qtts.backends.bundle import fingerprint
+    from qtts.backends.plan import load_plan
     from qtts.export.onnx import checkpoint_hash
-    from qtts.plan import load_plan
 
     plan = load_plan(os.path.join(fp32_bundle, "plan.json"))
     for name in ("talker", "predictor", "vocoder"):
@@ -94,12 +94,13 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 
 
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
-    """The in-graph sampler of the fused ONNX predictor picks what qtts.sampling picks for the same
+    """The in-graph sampler of the fused ONNX predictor picks what qtts.engine.sampling picks for the same
     uniforms: the expected codes come from the torch predictor's logits, step by step, through
-    ``run_predictor_steps`` (qtts.sampling), not from a backend."""
+    ``run_predictor_steps`` with the loop's sampler (qtts.engine.sampling), not from a backend."""
     import torch
 
     from qtts.backends.base import run_predictor_steps
+    from qtts.engine.sampling import PredictorSampler
     from qtts.options import SamplingParams
     from qtts.weights import load_checkpoint
 
@@ -120,11 +121,11 @@ def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
         out, state["cache"] = cp(x, pos, state["cache"])
         return cp.head(j, out[0, -1]).numpy()
 
-    greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    greedy = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
     for top_k, top_p in ((50, 1.0), (0, 0.8), (7, 0.5)):
-        params = SamplingParams(
+        params = PredictorSampler(SamplingParams(
             do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
-        )
+        ))
         u = rng.random(15)
         want = run_predictor_steps(step_logits, 17, params, u)
         np.testing.assert_array_equal(test.predict_frame(hidden, 17, params, u), want)

@@ -10,8 +10,8 @@ import pytest
 import soundfile as sf
 
 import qtts
-from qtts.audio import float_to_int16
-from qtts.stretch import stretch
+from qtts.audio.chunk import float_to_int16
+from qtts.audio.stretch import stretch
 from server_util import start_server
 
 

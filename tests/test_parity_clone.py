@@ -3,7 +3,7 @@
 Reference WAV files (16-bit PCM) at 24 kHz, 16 kHz, 44.1 kHz and 48 kHz stereo go through both
 public APIs by path: the official wrapper reads them with ``librosa.load(mono=True)`` and
 resamples with ``librosa.resample`` (soxr HQ); qtts reads them with soundfile and resamples with
-``qtts.mel.resample`` (the same soxr call). Compared: the speaker vector (fp32 tolerance), the ICL
+``qtts.audio.mel.resample`` (the same soxr call). Compared: the speaker vector (fp32 tolerance), the ICL
 reference codes (exactly), then a sentence cloned from each voice, greedy, through both public
 APIs (audio equal => every code equal; see ``parity_e2e``). The checkpoint has natural EOS, so the
 sentence ends where the model says.

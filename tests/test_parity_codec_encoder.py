@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from encoder_helpers import codec_wav, feature_extractor, official_tokenizer_pair
-from qtts.model.codec_encoder import nearest_code
+from qtts.model.speech_encoder import nearest_code
 from qtts.weights import load_checkpoint
 
 pytestmark = pytest.mark.parity

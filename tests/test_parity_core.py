@@ -178,7 +178,7 @@ def test_full_size_06b_talker_and_predictor(tmp_path_factory, official_tts, reco
     official in fp32): needs ~10 GB of RAM. Run with ``pytest -m slow``; the worst error / scale
     ratio is recorded as the ``worst_rel_err`` property (``--junitxml``; docs/fidelity.md has the last run).
     """
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     path = write_random_checkpoint(
         str(tmp_path_factory.mktemp("full") / "cv06"), size="full", kind="custom_voice"

@@ -1,7 +1,7 @@
 """Natural EOS: the official ``generate`` and qtts stop at the same frame with the same codes.
 
 The checkpoints are tiny random ones written with ``natural_eos=True``: their talker chooses
-EOS by itself some frames after the text is used up (see ``qtts._random_weights.eos_clock_edits``),
+EOS by itself some frames after the text is used up (see ``qtts.tools.random_weights.eos_clock_edits``),
 so the stop is decided by the model, not by a frame budget. Both sides run greedy through their
 public APIs and are compared as audio (``parity_e2e``: every code of every frame, and the length).
 """

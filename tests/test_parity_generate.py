@@ -14,9 +14,9 @@ import torch
 
 from qtts.backends import Components
 from qtts.backends import open as open_components
-from qtts.generate import LoopParams, generate
+from qtts.engine.generate import LoopParams, generate
 from qtts.options import SynthesisOptions
-from qtts.prompt import build_prompt, resolve_mode
+from qtts.text.prompt import build_prompt, resolve_mode
 from qtts.voice import Voice
 
 FRAMES = 42

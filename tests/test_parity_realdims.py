@@ -27,7 +27,7 @@ import torch
 
 import official
 import qtts
-from conftest import shared_reference
+from conftest import reference
 from encoder_helpers import speaker_wav
 from parity_e2e import assert_same_audio, official_clone, prompt_item
 from qtts.options import SynthesisOptions
@@ -44,12 +44,12 @@ GREEDY_FRAMES = 8
 
 @pytest.fixture(scope="module", params=["0.6b", "1.7b"])
 def mid(request, tmp_path_factory):
-    from qtts.random_checkpoint import write_random_checkpoint
+    from qtts.tools.random_checkpoint import write_random_checkpoint
 
     layout = request.param
     path = write_random_checkpoint(
         str(tmp_path_factory.mktemp("mid") / f"base-{layout}"), size="mid", kind="base", layout=layout,
-        tokenizer_dir=shared_reference("configs", "text-tokenizer-qwen2"),
+        tokenizer_dir=reference("configs", "text-tokenizer-qwen2"),
     )  # fmt: skip
     ns = SimpleNamespace(layout=layout, path=path, tts=qtts.load(path))
     ns.official = official.qwen_tts().Qwen3TTSModel.from_pretrained(path, dtype=torch.float32)

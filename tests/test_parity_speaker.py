@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from encoder_helpers import official_speaker_pair, speaker_wav
-from qtts import mel
+from qtts.audio import mel
 from qtts.backends.torch import TorchSpeakerEncoder
 
 pytestmark = pytest.mark.parity

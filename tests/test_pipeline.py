@@ -1,4 +1,4 @@
-"""The two-thread pipeline (qtts.pipeline): schedule, worker hand-off, cancel/error/close, and that the
+"""The two-thread pipeline (qtts.engine.stream): schedule, worker hand-off, cancel/error/close, and that the
 pipelined TTS.stream gives exactly the serial path's chunks and audio (fakes, tiny torch, tiny ONNX)."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from qtts.chunking import chunk_frames_at
+from qtts.engine.stream import chunk_frames_at, run_ahead
 from qtts.options import SynthesisOptions
-from qtts.pipeline import run_ahead
 from test_api import VOICE, make_tts
 
 

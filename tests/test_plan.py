@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from qtts.backends.plan import COMPONENTS, Plan, load_plan, parse_plan, plan_snippet
 from qtts.errors import InputError
-from qtts.plan import COMPONENTS, Plan, load_plan, parse_plan, plan_snippet
 
 
 @pytest.fixture

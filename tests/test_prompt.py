@@ -12,8 +12,8 @@ import pytest
 
 from qtts.config import ModelConfig
 from qtts.errors import InputError
-from qtts.frontend import TextTokenizer
-from qtts.prompt import Mode, build_prompt, resolve_language, resolve_mode
+from qtts.text.prompt import Mode, build_prompt, resolve_language, resolve_mode
+from qtts.text.tokenizer import TextTokenizer
 from qtts.voice import Voice
 
 TEXT = "Hello world, this is a tiny test."
@@ -166,7 +166,7 @@ def test_custom_voice_prompt(setup, monkeypatch, caplog, layout, speaker, langua
     # the official wrapper's rules, not resolve_mode's: no speaker is allowed, 0.6B drops instruct
     mode = Mode("custom_voice", resolve_language(config, language), speaker=speaker.lower() or None,
                 instruct=instruct or None)
-    with caplog.at_level(logging.WARNING, logger="qtts.prompt"):
+    with caplog.at_level(logging.WARNING, logger="qtts.text.prompt"):
         prompt = build_prompt(config, tok, text, mode, non_streaming_text=non_streaming)
     assert ("does not support instruct" in caplog.text) == bool(instruct and layout == "0.6b")
     assert prompt.speaker_pos == -1 and prompt.speaker == (speaker.lower() or None)

@@ -14,7 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
+from qtts.backends.plan import load_plan
 from qtts.backends.qnn import (
     PlainPredictor,
     QnnBackend,
@@ -25,12 +26,12 @@ from qtts.backends.qnn import (
     torch_tables,
 )
 from qtts.backends.torch import TorchBackend
+from qtts.engine.sampling import PredictorSampler
 from qtts.errors import InputError, QttsError
 from qtts.options import SamplingParams
-from qtts.plan import load_plan
 from qtts.weights import load_checkpoint
 
-GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_qnn_options_from_plan():
 
 
 def test_plan_names_qnn_for_predictor_and_vocoder(bundle):
-    from qtts.verify import plan_precisions
+    from qtts.export.verify import plan_precisions
 
     plan = load_plan(bundle["plan"])
     assert plan.impl("talker") == "torch"
@@ -153,7 +154,7 @@ def test_qnn_vocoder_stream_snr(checkpoint, bundle):
 
 
 def test_verify_plan_reports_a_qnn_row(snapshot, bundle):
-    from qtts.verify import verify_plan
+    from qtts.export.verify import verify_plan
 
     report = verify_plan(snapshot, bundle["plan"], frames=4, threads=1)
     assert report["components"] == {"talker": "torch/fp32", "predictor": "qnn/fp16", "vocoder": "qnn/fp16"}

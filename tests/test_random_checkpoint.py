@@ -10,11 +10,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import REAL_TOKENIZER_DIR, shared_reference
+from conftest import REAL_TOKENIZER_DIR, reference
 from qtts.cli import main
 from qtts.config import ModelConfig, SpeechTokenizerConfig
 from qtts.errors import InputError
-from qtts.random_checkpoint import (
+from qtts.tools.random_checkpoint import (
     model_config_dict,
     real_config_dir,
     real_name,
@@ -43,29 +43,29 @@ SHRUNK_TALKER = {
 
 
 def _header_count(name: str) -> int:
-    with open(shared_reference("tensor-names", f"{name}.txt")) as fh:
+    with open(reference("tensor-names", f"{name}.txt")) as fh:
         return int(fh.readline().split(" tensors, ")[1].split(" elements")[0])
 
 
 @pytest.mark.parametrize("kind,layout", VALID)
 def test_full_config_is_the_real_one_and_sizes_match(kind, layout):
-    from qtts._random_weights import main_specs, speech_tokenizer_specs
+    from qtts.tools.random_weights import main_specs, speech_tokenizer_specs
 
     name = real_name(kind, layout)
-    real = json.load(open(shared_reference("configs", name, "config.json")))
+    real = json.load(open(reference("configs", name, "config.json")))
     cfg = model_config_dict("full", kind, layout)
     assert cfg == real
     specs = main_specs(ModelConfig.from_dict(cfg))
     n = sum(torch.Size(s.shape).numel() for s in specs)
     ref = os.path.join(
-        os.path.dirname(shared_reference("tensor-names", "speech_tokenizer.txt")), f"{name}.txt"
+        os.path.dirname(reference("tensor-names", "speech_tokenizer.txt")), f"{name}.txt"
     )
     if os.path.exists(ref):
         assert n == _header_count(name)
     assert n > 900e6
-    st = SpeechTokenizerConfig.from_file(shared_reference("configs", name, "speech_tokenizer", "config.json"))
+    st = SpeechTokenizerConfig.from_file(reference("configs", name, "speech_tokenizer", "config.json"))
     assert speech_tokenizer_config_dict("full") == json.load(
-        open(shared_reference("configs", name, "speech_tokenizer", "config.json"))
+        open(reference("configs", name, "speech_tokenizer", "config.json"))
     )
     assert sum(torch.Size(s.shape).numel() for s in speech_tokenizer_specs(st)) == _header_count(
         "speech_tokenizer"
@@ -195,7 +195,7 @@ def test_standin_tokenizer_ids(tiny_snapshot, official_tts):
 
 def test_cli_writes_and_refuses_non_empty(tmp_path, capsys):
     out = tmp_path / "snap"
-    tok = shared_reference("configs", "text-tokenizer-qwen2")
+    tok = reference("configs", "text-tokenizer-qwen2")
     assert (
         main(
             ["random-checkpoint", str(out), "--kind", "custom_voice", "--layout", "1.7b", "--tokenizer", tok]

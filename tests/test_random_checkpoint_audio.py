@@ -1,7 +1,7 @@
 """Random checkpoints make audio that depends on the codes, so waveform checks test the codes.
 
 The speech-tokenizer decoder of a random snapshot is initialised fan-in scaled
-(``qtts._random_weights``): speech-like level, and different codes give different audio. Every
+(``qtts.tools.random_weights``): speech-like level, and different codes give different audio. Every
 audio-level parity check (``parity_e2e.assert_same_audio``: >= 70 dB) therefore fails on a single
 wrong code, which costs 14-23 dB here.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 from qtts.weights import load_checkpoint
 
 

@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 from qtts.backends.onnx import OnnxVocoder
 from qtts.backends.rknn import RknnVocoder
-from qtts.backends.step import rope_freqs
+from qtts.backends.vocoder_step import rope_freqs
 from qtts.cli import main
 from qtts.errors import InputError, MissingDependencyError, QttsError
 from qtts.export import rknn as rknn_export

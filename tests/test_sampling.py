@@ -9,8 +9,8 @@ import itertools
 import numpy as np
 import pytest
 
-from qtts import sampling
 from qtts.config import GenerationConfig
+from qtts.engine import sampling
 from qtts.errors import InputError
 from qtts.options import SamplingParams, SynthesisOptions
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import qtts
-from qtts.audio import float_to_int16
+from qtts.audio.chunk import float_to_int16
 from qtts.options import SynthesisOptions
 from qtts.server.worker import Job
 from server_util import (

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import qtts
-from qtts.audio import float_to_int16
+from qtts.audio.chunk import float_to_int16
 from qtts.options import SynthesisOptions
 from server_util import assert_error, assert_healthy, metric, start_server, wait_for
 

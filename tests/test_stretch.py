@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import qtts
+from qtts.audio.stretch import TimeStretcher, check_speed, stretch
 from qtts.errors import InputError
-from qtts.stretch import TimeStretcher, check_speed, stretch
 
 SR = 24000
 SPEEDS = [0.25, 0.5, 0.8, 1.25, 2.0, 4.0]

@@ -1,6 +1,6 @@
 """Our module trees have exactly the official tensor names and shapes (full-size configs, meta device).
 
-The reference lists in ``shared/reference/tensor-names/`` were derived from the official classes
+The reference lists in ``tests/data/reference/tensor-names/`` were derived from the official classes
 instantiated with the real configs.
 """
 
@@ -11,13 +11,13 @@ import os
 import pytest
 import torch
 
-from conftest import shared_reference
+from conftest import reference
 from qtts.config import ModelConfig, SpeechTokenizerConfig
-from qtts.random_checkpoint import real_config_dir
+from qtts.tools.random_checkpoint import real_config_dir
 
 
 def _reference(name: str) -> dict[str, list[int]]:
-    path = shared_reference("tensor-names", f"{name}.txt")
+    path = reference("tensor-names", f"{name}.txt")
     out = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from qtts.audio import snr_db
-from qtts.verify import _default_gate, _forced_heads_snr
+from qtts.audio.chunk import snr_db
+from qtts.export.verify import _default_gate, _forced_heads_snr
 
 
 def test_forced_heads_stop_at_the_first_differing_code():

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from qtts.audio import snr_db
+from qtts.audio.chunk import snr_db
 from qtts.backends.onnx import OnnxVocoder
 from qtts.cli import main
 from qtts.errors import InputError

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import official
-from conftest import shared_reference
+from conftest import reference
 from vocoder_fixtures import load_decoder, randomize
 
 pytestmark = pytest.mark.parity
@@ -61,7 +61,7 @@ def test_gqa_short_window_matches_official(one_thread):
 
     Cfg, OfficialDecoder, _ = _official_classes()
     with open(
-        shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
+        reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
     ) as fh:
         d = json.load(fh)["decoder_config"]
     d.update(latent_dim=24, codebook_dim=16, hidden_size=32, intermediate_size=48, head_dim=8,

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import shared_reference
-from qtts.audio import snr_db
-from qtts.backends.base import Context
-from qtts.backends.step import StepStream, StepVocoder, rope_freqs
+from conftest import reference
+from qtts.audio.chunk import snr_db
+from qtts.backends.base import OpenContext
+from qtts.backends.plan import load_plan
 from qtts.backends.torch import TorchFullVocoder, TorchVocoder, open_vocoder, step_decode
+from qtts.backends.vocoder_step import StepStream, StepVocoder, rope_freqs
 from qtts.errors import InputError
 from qtts.model.vocoder_step import CacheLayout, VocoderStep
-from qtts.plan import load_plan
 from vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 FRAMES = 310  # > 4 windows of 72
@@ -68,7 +68,7 @@ def test_cache_layout_is_data_and_independent_of_b(tiny):
 def test_full_size_layout():
     from qtts.config import SpeechTokenizerConfig
 
-    path = shared_reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
+    path = reference("configs", "Qwen3-TTS-12Hz-0.6B-Base", "speech_tokenizer", "config.json")
     layout = CacheLayout.from_config(SpeechTokenizerConfig.from_file(path).decoder_config)
     assert layout["pre_transformer.layers.7.v"].shape == (16, 71, 64)
     assert layout["pre_conv"].shape == (512, 2)
@@ -178,11 +178,11 @@ def test_decoder_input_errors(tiny):
 
 def test_plan_options_reach_the_torch_vocoder(tiny, tiny_snapshot):
     decoder = tiny[0]
-    ctx = Context(tiny_snapshot(), config=None)
+    ctx = OpenContext(tiny_snapshot(), config=None)
     ctx.cache[("torch", "decoder")] = decoder  # what load_part would load
 
     def opened(entry, **kw):
-        return open_vocoder(load_plan({"vocoder": entry}).get("vocoder"), Context(**{**ctx.__dict__, **kw}))
+        return open_vocoder(load_plan({"vocoder": entry}).get("vocoder"), OpenContext(**{**ctx.__dict__, **kw}))
 
     voc = opened({"impl": "torch", "options": {"main": 8}})
     assert isinstance(voc, TorchVocoder) and voc.contract.codes_length == 8

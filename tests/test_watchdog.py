@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 
 from fakes import FakeBackend, simple_prompt
-from qtts.generate import LoopParams, WatchdogParams, generate
+from qtts.engine.generate import LoopParams, WatchdogParams, generate
 from qtts.options import SamplingParams
 
 GREEDY = SamplingParams(do_sample=False, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)

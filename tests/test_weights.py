@@ -83,7 +83,7 @@ def test_components_subset(tiny_snapshot):
     assert ckpt.speech_tokenizer.decoder is not None
     ckpt = load_checkpoint(tiny_snapshot(), components=("talker",))
     assert ckpt.model.speaker_encoder is None and ckpt.speech_tokenizer is None
-    with pytest.raises(InputError, match="unknown components"):
+    with pytest.raises(InputError, match="unknown checkpoint roots"):
         load_checkpoint(tiny_snapshot(), components=("vocoder",))
 
 

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from qtts.bench import _busy_jiffies, foreign_cores
+from qtts.tools.bench import _busy_jiffies, foreign_cores
 
 
 def interleaved(variants: dict, rounds: int, inner: int = 1, warmup: int = 1) -> dict:

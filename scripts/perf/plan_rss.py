@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from qtts.backends import open as open_components
-from qtts.bench import BenchOptions, _loop_params, _one_run, rss_mb, window_peak_rss_mb
-from qtts.verify import reference_prompt
+from qtts.export.verify import reference_prompt
+from qtts.tools.bench import BenchOptions, _loop_params, _one_run, rss_mb, window_peak_rss_mb
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ bytes and effective GB/s.
 
 The run is serial (one thread of control; the product's pipeline overlaps the vocoder with
 generation, see docs/performance.md) and decodes in the product's chunk schedule
-(``--first-chunk``, then doubling up to ``--chunk``: qtts.chunking.Chunker). CPU ms (process
+(``--first-chunk``, then doubling up to ``--chunk``: qtts.engine.stream.Chunker). CPU ms (process
 user+system time while inside the component) is the work done and is far less sensitive to the
 foreign load of a shared VM than wall ms. Weight bytes = the initializers a graph reads per call
 (MatMulNBits packed weights + scales; fp32 MatMul/Gather weights counted only where a MatMul
@@ -29,10 +29,10 @@ import numpy as np  # noqa: E402
 from _common import loadavg  # noqa: E402
 
 from qtts.backends import open as open_components  # noqa: E402
-from qtts.bench import BenchOptions, _busy_jiffies, _loop_params, foreign_cores  # noqa: E402
-from qtts.chunking import Chunker  # noqa: E402
-from qtts.generate import generate  # noqa: E402
-from qtts.verify import reference_prompt  # noqa: E402
+from qtts.engine.generate import generate  # noqa: E402
+from qtts.engine.stream import Chunker  # noqa: E402
+from qtts.export.verify import reference_prompt  # noqa: E402
+from qtts.tools.bench import BenchOptions, _busy_jiffies, _loop_params, foreign_cores  # noqa: E402
 
 #: timed method -> the column it is reported in
 COLUMNS = {"talker": "talker", "predict_frame": "predictor", "decode": "vocoder"}

@@ -1,14 +1,14 @@
 """Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``stream_text`` / ``synthesize`` /
 ``save`` / ``create_voice``.
 
-``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.generate.Generation`
+``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.engine.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later chunks double in size up to ``chunk_frames``;
 the vocoder state continues across sentence pieces, so pieces join without a seam. With
 ``options.pipeline`` (default) the frames are generated on a worker thread while this thread
-decodes (:mod:`qtts.pipeline`): the same chunks, the same audio. Everything else
+decodes (:mod:`qtts.engine.stream`): the same chunks, the same audio. Everything else
 consumes ``stream()``. ``stream_text()`` is the same body over text that is still arriving
-(:mod:`qtts.live`): one talker context across sentences, the same chunking and vocoder stream.
+(:mod:`qtts.text.live`): one talker context across sentences, the same chunking and vocoder stream.
 Every chunk carries the codec frames it was decoded from (``AudioChunk.codes``);
 :meth:`TTS.decode_stream` feeds saved frames through the same chunker and vocoder priming, so the
 same frames, voice prime and chunk sizes give the same audio. The parts it runs on come from
@@ -17,24 +17,21 @@ same frames, voice prime and chunk sizes give the same audio. The parts it runs 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
 
-from .audio import Audio, AudioChunk
-from .chunking import Chunker, collect, finish, live_frames, stamp, with_speed
-from .codes import check_codes
+from .audio.chunk import Audio, AudioChunk
+from .audio.codes import check_codes
 from .config import CODEBOOK_SIZE, SAMPLE_RATE
+from .engine.generate import AnyCancel, LoopParams, WatchdogParams, frame_budget, generate
+from .engine.stream import Chunker, StreamStats, chunks, closing_frames, collect, run_ahead, with_speed
 from .errors import InputError
-from .generate import AnyCancel, LoopParams, WatchdogParams, frame_budget, generate
 from .options import SynthesisOptions
-from .pipeline import closing_frames, stream_chunks
-from .prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
+from .text.prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
 log = logging.getLogger(__name__)
@@ -49,7 +46,7 @@ def load(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
     builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
     ``max_batch`` > 1: concurrent :meth:`TTS.stream` / :meth:`TTS.stream_text` calls share one
-    batched generation loop (:mod:`qtts.batching`).
+    batched generation loop (:mod:`qtts.engine.batching`).
     """
     from .backends import open as open_components
 
@@ -61,7 +58,7 @@ class TTS:
     """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`.
 
     With ``max_batch`` > 1 (default: ``components.max_batch``) every :meth:`stream` call, from any
-    thread, joins one :class:`~qtts.batching.BatchEngine` that steps all active streams together;
+    thread, joins one :class:`~qtts.engine.batching.BatchEngine` that steps all active streams together;
     each call's vocoder still runs on the calling thread.
     """
 
@@ -99,7 +96,7 @@ class TTS:
         """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
         snapshot = getattr(self.components, "snapshot", None)
         if self._codec is None and snapshot is not None:
-            from .bundle import codec_fingerprint
+            from .backends.bundle import codec_fingerprint
 
             self._codec = codec_fingerprint(snapshot)
         return self._codec
@@ -116,12 +113,12 @@ class TTS:
 
     @property
     def batch(self):
-        """The shared :class:`~qtts.batching.BatchEngine` (started on first use), or None when ``max_batch`` is 1."""
+        """The shared :class:`~qtts.engine.batching.BatchEngine` (started on first use), or None when ``max_batch`` is 1."""
         if self.max_batch <= 1:
             return None
         with self._batch_lock:
             if self._batch is None:
-                from .batching import BatchEngine
+                from .engine.batching import BatchEngine
 
                 self._batch = BatchEngine(self.components.backend, self.max_batch)
             return self._batch
@@ -155,7 +152,7 @@ class TTS:
                     instruct: str | None = None, language: str | None = None,
                     options: SynthesisOptions | None = None):
         """Speak text while it is still being written: ``pieces`` are its parts in order (an LLM's
-        deltas), as an iterable, an async iterable, or a :class:`qtts.live.TextFeed`.
+        deltas), as an iterable, an async iterable, or a :class:`qtts.text.live.TextFeed`.
 
         Yields :class:`AudioChunk` like :meth:`stream` (an async iterator for an async iterable).
         Text goes to the talker a token at a time as tokens become final; when the talker is
@@ -173,15 +170,16 @@ class TTS:
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
+        from .text.live import TextFeed, astream
+
+        def speak(source, opts: SynthesisOptions) -> Iterator[AudioChunk]:
+            return with_speed(self._stream_live(source, mode, opts), opts.speed)
+
         if hasattr(pieces, "__aiter__"):
-            from .textsource import astream
-
-            return astream(self, pieces, mode, options)
-        from .live import TextFeed
-
+            return astream(pieces, self.components.tokenizer, speak, options)
         if not isinstance(pieces, TextFeed) and not hasattr(pieces, "__iter__"):
             raise InputError(f"stream_text takes an iterable of strings, got {type(pieces).__name__}")
-        return with_speed(self._stream_live(pieces, mode, options), options.speed)
+        return speak(pieces, options)
 
     def synthesize(self, text: str, **kwargs) -> Audio:
         """The whole utterance (consumes :meth:`stream`), with its frames in ``Audio.codes``."""
@@ -264,7 +262,7 @@ class TTS:
         text = clean_text(text)
         if not options.split_sentences:
             return [text]
-        from .frontend import split_sentences
+        from .text.sentences import split_sentences
 
         return split_sentences(text, max_chars=options.max_sentence_chars) or [text]
 
@@ -276,7 +274,7 @@ class TTS:
         )  # fmt: skip
 
     def _generate(self, prompt, params: LoopParams, speaker, text=None):
-        """Frames of one prompt (``text``: a live text source): a :class:`~qtts.generate.Generation`,
+        """Frames of one prompt (``text``: a live text source): a :class:`~qtts.engine.generate.Generation`,
         or a stream of the shared batch."""
         batch = self.batch
         if batch is None:
@@ -284,71 +282,68 @@ class TTS:
         return batch.submit(prompt, params, speaker, text=text)
 
     def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
-        parts = self.components
-        t0 = time.perf_counter()
-        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
-        stats = {"frames": 0, "pieces": len(pieces), "finish_reasons": [], "ttfa_s": None}
-        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
+        """:meth:`stream`'s body: the frames of every piece through :func:`~qtts.engine.stream.chunks`."""
+        stats = StreamStats(pieces=len(pieces))
+        chunker = Chunker(self._vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
+                          options.chunk_frames)  # fmt: skip
 
         def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
             for index, piece in enumerate(pieces):
-                prompt = build_prompt(self.config, parts.tokenizer, piece, mode, options.non_streaming_text)
+                prompt = build_prompt(self.config, self.components.tokenizer, piece, mode, options.non_streaming_text)
                 budget = options.max_frames or frame_budget(prompt.text_token_count,
                                                             cap=int(self.config.generation.max_new_tokens))
                 gen = self._generate(prompt, self._loop_params(budget, options, index, cancel), mode.xvector)
                 yield from closing_frames(gen)
-                stats["finish_reasons"].append(gen.finish_reason)
+                stats.finish_reasons.append(gen.finish_reason)
                 if gen.finish_reason == "cancelled":
                     return
 
-        if self.max_batch > 1:  # the batch engine's thread already generates ahead of this one
-            options = dataclasses.replace(options, pipeline=False)
-        yield from stream_chunks(frames, chunker, stats, t0, options)
-        yield finish(chunker, stats, t0)
+        first_decoded = threading.Event()
+        if options.pipeline and self.max_batch <= 1:  # a batch engine's thread already generates ahead
+            source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
+        else:
+            source = frames(options.cancel)
+        yield from chunks(source, chunker, stats, first_decoded=first_decoded)
 
     def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
-        """:meth:`stream_text`'s body: contexts from a :class:`~qtts.live.TextFeed` (module doc)."""
-        from .live import TextFeed, context_limits
-        from .textsource import start_reader
+        """:meth:`stream_text`'s body: the frames of every talker context a :class:`~qtts.text.live.TextFeed`
+        opens, through :func:`~qtts.engine.stream.chunks` (module doc of :mod:`qtts.text.live`).
+        ``source``: the feed itself, or an iterable that a reader thread pushes into a new feed."""
+        from .text.live import TextFeed, context_limits, start_reader
 
-        parts, t0 = self.components, time.perf_counter()
+        parts = self.components
         feed = source if isinstance(source, TextFeed) else TextFeed(parts.tokenizer)
         if feed is not source:
             start_reader(source, feed)
         cancel = AnyCancel(options.cancel, feed)
         cap = options.max_frames or min(options.context_frames, int(self.config.generation.max_new_tokens))
         max_tokens, budget = context_limits(cap, options.max_frames)
-        stream = text_stream(self.config, parts.tokenizer, mode)
-        stats = {"frames": 0, "pieces": 0, "finish_reasons": [], "ttfa_s": None, "feed": feed, "waited_s": 0.0}
-        vocoder = self._vocoder(mode.ref_codes if mode.icl else None)
-        chunker = Chunker(vocoder, options.first_chunk_frames, options.chunk_frames)
-        try:
-            while (ctx := feed.next_context(stream, parts.backend, max_tokens, budget, cancel)) is not None:
+        text = text_stream(self.config, parts.tokenizer, mode)
+        stats = StreamStats(pieces=0, feed=feed)
+        chunker = Chunker(self._vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
+                          options.chunk_frames)  # fmt: skip
+        current: list = [None]
+
+        def frames() -> Iterator[np.ndarray]:
+            while (ctx := feed.next_context(text, parts.backend, max_tokens, budget, cancel)) is not None:
                 prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
-                lp = self._loop_params(cap, options, stats["pieces"], cancel)
-                gen = self._generate(prompt, lp, mode.xvector, text=ctx)
-                yield from live_frames(gen, chunker, stats, t0)
+                gen = current[0] = self._generate(prompt, self._loop_params(cap, options, stats.pieces, cancel),
+                                                  mode.xvector, text=ctx)  # fmt: skip
+                yield from closing_frames(gen)
                 ctx.end(gen.finish_reason)
-                stats["pieces"] += 1
-                stats["waited_s"] += ctx.waited_s
-                stats["finish_reasons"].append(gen.finish_reason)
+                stats.pieces += 1
+                stats.waited_s += ctx.waited_s
+                stats.finish_reasons.append(gen.finish_reason)
                 if gen.finish_reason == "cancelled":
                     break
-            if cancel.is_set() and "cancelled" not in stats["finish_reasons"]:
-                stats["finish_reasons"].append("cancelled")
-            yield finish(chunker, stats, t0)
+            if cancel.is_set() and "cancelled" not in stats.finish_reasons:
+                stats.finish_reasons.append("cancelled")
+
+        try:
+            yield from chunks(frames(), chunker, stats, waiting=lambda: current[0].waiting())
         finally:
             feed.cancel()  # stops the reader thread (if any) after its piece in flight
 
     def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
-        t0 = time.perf_counter()
-        stats = {"frames": 0, "ttfa_s": None}
         chunker = Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
-        for frame in codes:
-            stats["frames"] += 1
-            chunk = chunker.push(frame)
-            if chunk is not None:
-                yield stamp(chunk, stats, t0)
-        final = chunker.flush()
-        final.is_final = True
-        yield stamp(final, stats, t0, final=True)
+        yield from chunks(iter(codes), chunker, StreamStats())

@@ -19,7 +19,7 @@ from .errors import InputError
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 #: repetition-penalty bounds (1 = off), for the same float32 reasons
 MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
-#: speaking-rate bounds (OpenAI's ``speed`` range; qtts.stretch time-stretches the audio)
+#: speaking-rate bounds (OpenAI's ``speed`` range; qtts.audio.stretch time-stretches the audio)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 #: SynthesisOptions.pipeline default (docs/performance.md has the A/B behind it)
 PIPELINE_DEFAULT = True
@@ -29,7 +29,7 @@ PIPELINE_DEFAULT = True
 class SamplingParams:
     """How one token is chosen from logits (talker codebook 0, or the code predictor).
 
-    Semantics follow Hugging Face ``generate`` (see :mod:`qtts.sampling` and docs/text.md).
+    Semantics follow Hugging Face ``generate`` (see :mod:`qtts.engine.sampling` and docs/text.md).
     """
 
     # False = greedy argmax (still after repetition penalty / suppression, like HF).
@@ -130,7 +130,7 @@ class SynthesisOptions:
     seed: int | None = None
     # Shortcut for do_sample=False on both stages (deterministic; what parity tests use).
     greedy: bool = False
-    # Frame budget per text piece; None = the documented formula in qtts.generate (runaway guard).
+    # Frame budget per text piece; None = the documented formula in qtts.engine.generate (runaway guard).
     max_frames: int | None = None
     # Language name ('auto', 'english', ...); None = 'auto' unless the call passes one.
     language: str | None = None
@@ -144,16 +144,14 @@ class SynthesisOptions:
     # ...); larger = fewer, cheaper-per-frame vocoder calls, more latency per chunk.
     chunk_frames: int = 8
     # Two cores at once: generation on a worker thread, the vocoder on the calling thread one
-    # chunk behind (qtts.pipeline). Same chunks, bit-identical audio; False = one thread does both.
+    # chunk behind (qtts.engine.stream). Same chunks, bit-identical audio; False = one thread does both.
     pipeline: bool = PIPELINE_DEFAULT
     # Split long text at sentence boundaries; each piece gets its own budget (limits drift).
     split_sentences: bool = True
     # Pieces are at most this many characters when splitting (long prompts drift and run away).
     max_sentence_chars: int = 200
-    # Seconds of silence appended to the ICL reference audio: stops reference-audio bleed.
-    trailing_silence: float = 0.0
     # Speaking rate (0.25-4.0; 2.0 = twice as fast): a pitch-preserving time stretch of the audio
-    # (qtts.stretch, streaming WSOLA); the model itself has no rate control. 1.0 = untouched.
+    # (qtts.audio.stretch, streaming WSOLA); the model itself has no rate control. 1.0 = untouched.
     speed: float = 1.0
     # Stop a stuck code stream early (finish_reason 'runaway') instead of running to the budget.
     watchdog: bool = True
@@ -179,8 +177,6 @@ class SynthesisOptions:
             raise InputError(f"max_sentence_chars must be >= 8, got {self.max_sentence_chars}")
         if not 64 <= self.context_frames <= 32768:
             raise InputError(f"context_frames must be in [64, 32768], got {self.context_frames}")
-        if not 0.0 <= self.trailing_silence <= 5.0:
-            raise InputError(f"trailing_silence must be in [0, 5] seconds, got {self.trailing_silence}")
         if not _within(self.speed, MIN_SPEED, MAX_SPEED):
             raise InputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}] (1.0 = unchanged), got {self.speed}")
 

@@ -7,7 +7,7 @@ string metadata (``format``, model type/size, ``enc_dim``, ``sample_rate``, ``cr
 ``qtts_version``, ``ref_text``, ``name``); :meth:`Voice.load` validates all of it.
 
 :func:`load_reference_audio` reads any format soundfile reads (wav, flac, ogg, mp3 with
-libsndfile >= 1.1), mixes to mono, resamples to 24 kHz (:func:`qtts.mel.resample`) and checks
+libsndfile >= 1.1), mixes to mono, resamples to 24 kHz (:func:`qtts.audio.mel.resample`) and checks
 the signal: shorter than 1 s, longer than 30 s (from the header, before decoding; decoding stops
 there whatever the header says), an odd sample rate or silence is an error; over 20 s, clipped
 or quiet is a warning. :func:`probe_reference` does the header checks alone.
@@ -211,7 +211,7 @@ def load_reference_audio(src, sample_rate: int | None = None) -> np.ndarray:
     if not np.isfinite(wav).all():
         raise InputError("reference audio contains NaN or infinite samples")
     if sr != SAMPLE_RATE:
-        from .mel import resample
+        from .audio.mel import resample
 
         wav = resample(wav, sr, SAMPLE_RATE)
     check_reference(wav)

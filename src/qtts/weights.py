@@ -29,7 +29,9 @@ from .errors import ConfigError, InputError, require
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("talker", "speaker_encoder", "decoder", "encoder")
+#: checkpoint roots: module prefixes of model.safetensors (talker, speaker_encoder) and of
+#: speech_tokenizer/model.safetensors (decoder, encoder); docs/design.md maps them to plan components and parts
+CHECKPOINT_ROOTS = ("talker", "speaker_encoder", "decoder", "encoder")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -229,14 +231,14 @@ def _select(tensors: dict, drop_prefixes: list[str]) -> dict:
 def load_checkpoint(
     path_or_hub_id: str,
     dtype=torch.float32,
-    components=COMPONENTS,
+    components=CHECKPOINT_ROOTS,
     device=None,
     speech_tokenizer_dtype=None,
 ) -> Checkpoint:
     """Load a snapshot: ``config``, ``model`` (talker [+ speaker encoder]), ``speech_tokenizer`` (decoder [+ encoder])."""
-    unknown = sorted(set(components) - set(COMPONENTS))
+    unknown = sorted(set(components) - set(CHECKPOINT_ROOTS))
     if unknown:
-        raise InputError(f"unknown components {unknown}; choose from {', '.join(COMPONENTS)}")
+        raise InputError(f"unknown checkpoint roots {unknown}; choose from {', '.join(CHECKPOINT_ROOTS)}")
     dtype = to_dtype(dtype)
     st_dtype = to_dtype(speech_tokenizer_dtype) if speech_tokenizer_dtype is not None else dtype
     path = resolve_snapshot(path_or_hub_id)

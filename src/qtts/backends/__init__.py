@@ -17,8 +17,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from ..plan import Plan
-from .base import Backend, Context, Vocoder
+from .base import Backend, OpenContext, Vocoder
+from .plan import Plan
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
 
@@ -44,14 +44,14 @@ class Components:
     """Everything a :class:`qtts.TTS` runs on, built once by :func:`open` (or by hand in tests)."""
 
     config: ModelConfig
-    tokenizer: Any  # text -> ids (qtts.frontend.TextTokenizer); None when built without generation
+    tokenizer: Any  # text -> ids (qtts.text.tokenizer.TextTokenizer); None when built without generation
     backend: Backend | None  # talker + predictor: the generation seam (None: built without it)
     vocoder: Vocoder | None  # .stream(): a fresh stateful streaming decoder per utterance
     speaker_encoder: Any = None  # .embed(wav_24k) -> x-vector; Base checkpoints only
     speech_encoder: Any = None  # .encode(wav_24k) -> reference codes; Base checkpoints only
     plan: Plan = field(default_factory=Plan)
     threads: int | None = None  # the intra-op threads every part was built with
-    #: streams stepped together by one engine (qtts.batching); 1 = one generation per call, no thread
+    #: streams stepped together by one engine (qtts.engine.batching); 1 = one generation per call, no thread
     max_batch: int = 1
     snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
 
@@ -66,25 +66,27 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
     ``plan``: None (the default preset, built and cached when missing), ``"torch"``, a preset name,
-    a path, a dict or a :class:`~qtts.plan.Plan` (:func:`qtts.backends.cache.resolve_plan`); ``threads``: None picks
+    a path, a dict or a :class:`~qtts.backends.plan.Plan` (:func:`qtts.backends.cache.resolve_plan`);
+    ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
     of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
     ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
-    from ..bundle import check_plan_source
-    from ..frontend import TextTokenizer
-    from ..plan import load_plan
+    from ..text.tokenizer import TextTokenizer
+    from .bundle import check_plan_source
     from .cache import resolve_plan
+    from .plan import load_plan
 
     want = _wanted(parts)
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
     plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
-    check_plan_source(plan, snapshot)
+    if plan.path is not None:  # a plan file: its bundle (if any) must come from this checkpoint
+        check_plan_source(plan, snapshot)
     if int(max_batch) < 1:
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
-    ctx = Context(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
+    ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
     return Components(
@@ -136,7 +138,7 @@ def snapshot_dir(model) -> str:
     return resolve_snapshot(model)
 
 
-def _generation(plan: Plan, ctx: Context) -> Backend:
+def _generation(plan: Plan, ctx: OpenContext) -> Backend:
     """Talker and predictor run in one runtime; a torch talker may pair with a qnn predictor."""
     talker, predictor = plan.get("talker"), plan.get("predictor")
     impls = {talker.impl, predictor.impl} - {"torch"} or {"torch"}
@@ -153,12 +155,12 @@ def _generation(plan: Plan, ctx: Context) -> Backend:
     return _opener(impl, "generation")(talker, predictor, ctx)
 
 
-def _part(name: str, plan: Plan, ctx: Context):
+def _part(name: str, plan: Plan, ctx: OpenContext):
     spec = plan.get(name)
     return _opener(spec.impl, name)(spec, ctx)
 
 
-def _lazy_part(name: str, plan: Plan, ctx: Context) -> LazyPart:
+def _lazy_part(name: str, plan: Plan, ctx: OpenContext) -> LazyPart:
     spec = plan.get(name)
     opener = _opener(spec.impl, name)  # a runtime that cannot run this part fails at load, not at first use
     return LazyPart(lambda: opener(spec, ctx))

@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from ..errors import InputError
-from ..plan import Plan
+from .plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _has_torch() -> bool:
 
 def find_bundle(snapshot: str, preset: str, root: str | None = None) -> str | None:
     """The plan.json of the cached bundle of ``preset`` for this checkpoint, or None."""
-    from ..bundle import fingerprint
+    from .bundle import fingerprint
 
     path = os.path.join(bundles_dir(root), cache_key(fingerprint(snapshot), preset), "plan.json")
     return path if os.path.isfile(path) else None

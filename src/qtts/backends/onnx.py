@@ -20,11 +20,11 @@ import os
 
 import numpy as np
 
-from ..bundle import read_manifest
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import Context, run_predictor_steps
-from .step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
+from .base import OpenContext, run_predictor_steps
+from .bundle import read_manifest
+from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 
 log = logging.getLogger(__name__)
 
@@ -152,18 +152,19 @@ class OnnxBackend:
         return logits.numpy()[0], hidden.numpy()[0], state
 
     # -- predictor -------------------------------------------------------------------------------------
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
         if self.predictor_mode == "frame":
-            return self._predict_fused(hidden, code0, params, uniforms)
-        return self._predict_steps(hidden, code0, params, uniforms)
+            return self._predict_fused(hidden, code0, sampler.params, uniforms)
+        return self._predict_steps(hidden, code0, sampler, uniforms)
 
-    def predictor_logits(self, hidden, code0: int, params, uniforms):
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
         """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``; None when the
         graph has no logits output (step mode, bundles exported before it had one)."""
         names = {o.name for o in self.predictor_sess.get_outputs()}
         if self.predictor_mode != "frame" or "logits" not in names:
             return None
-        codes, logits = self.predictor_sess.run(["codes", "logits"], self._fused_feeds(hidden, code0, params, uniforms))
+        feeds = self._fused_feeds(hidden, code0, sampler.params, uniforms)
+        codes, logits = self.predictor_sess.run(["codes", "logits"], feeds)
         return codes.astype(np.int64), logits
 
     def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
@@ -183,7 +184,7 @@ class OnnxBackend:
             "do_sample": np.array([bool(params.do_sample)]),
         }
 
-    def _predict_steps(self, hidden, code0, params, uniforms) -> np.ndarray:
+    def _predict_steps(self, hidden, code0, sampler, uniforms) -> np.ndarray:
         p = self.meta["predictor"]
         if self._pred_binding is None:
             shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
@@ -201,17 +202,17 @@ class OnnxBackend:
             binding.bind_outputs([f"logits_{j}"])
             return binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)[0].numpy()[0]
 
-        return run_predictor_steps(step_logits, code0, params, uniforms)
+        return run_predictor_steps(step_logits, code0, sampler, uniforms)
 
 
 class OnnxSpeakerEncoder:
-    """x-vector from a mono 24 kHz waveform: numpy log-mel (:func:`qtts.mel.log_mel`) + the ONNX encoder."""
+    """x-vector from a mono 24 kHz waveform: numpy log-mel (:func:`qtts.audio.mel.log_mel`) + the ONNX encoder."""
 
     def __init__(self, path: str, threads: int | None = None):
         self.session = open_session(path, threads)
 
     def embed(self, wav_24k: np.ndarray) -> np.ndarray:
-        from ..mel import log_mel
+        from ..audio.mel import log_mel
 
         mel = np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32)[None]
         return self.session.run(["embedding"], {"mel": mel})[0][0]
@@ -315,7 +316,7 @@ def session_contract(session, path: str) -> StepContract:
 
 
 # ----------------------------------------------------------------------------- openers
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> OnnxBackend:
     """The bundle manifest lies next to the talker graph and names the tables and the text projection."""
     if talker_spec.impl != "onnx" or predictor_spec.impl != "onnx":
         raise InputError("an onnx plan must name both 'talker' and 'predictor' (impl: onnx)")
@@ -327,7 +328,7 @@ def open_generation(talker_spec, predictor_spec, ctx: Context) -> OnnxBackend:
     return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
 
 
-def open_vocoder(spec, ctx: Context) -> OnnxVocoder:
+def open_vocoder(spec, ctx: OpenContext) -> OnnxVocoder:
     """Plan options: ``threads``."""
     return OnnxVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("threads", ctx.threads))
 

@@ -1,4 +1,4 @@
-"""The onnxruntime backend for a batched engine (:mod:`qtts.batching`): one KV pool, the batch graphs.
+"""The onnxruntime backend for a batched engine (:mod:`qtts.engine.batching`): one KV pool, the batch graphs.
 
 :class:`OnnxBatchBackend` runs a bundle's batch graphs (``artifacts["batch"]`` of the talker and the
 predictor, see :mod:`qtts.export.batch`) instead of the one-stream graphs, so the weights are held
@@ -19,9 +19,9 @@ import os
 
 import numpy as np
 
-from ..bundle import read_manifest
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
+from .bundle import read_manifest
 from .onnx import OnnxBackend
 from .onnx import open_generation as open_one_stream
 
@@ -90,7 +90,7 @@ class OnnxBatchBackend(OnnxBackend):
     """The batch graphs of a bundle behind the :class:`~qtts.backends.base.Backend` seam, plus
     ``talker_rows`` / ``predict_frames`` (many streams per call) and ``release``."""
 
-    thread_safe = False  # one engine thread drives it (qtts.batching)
+    thread_safe = False  # one engine thread drives it (qtts.engine.batching)
 
     def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, max_batch: int = 8):
         super().__init__(artifacts, meta, threads=threads)
@@ -177,14 +177,16 @@ class OnnxBatchBackend(OnnxBackend):
         return self._bindings[full][0]
 
     # -- predictor ---------------------------------------------------------------------------------------
-    def predict_frame(self, hidden, code0, params, uniforms) -> np.ndarray:
-        return self.predict_frames(np.asarray(hidden, np.float32)[None], np.array([code0]), [params],
+    def predict_frame(self, hidden, code0, sampler, uniforms) -> np.ndarray:
+        return self.predict_frames(np.asarray(hidden, np.float32)[None], np.array([code0]), [sampler],
                                    np.asarray(uniforms)[None])[0]  # fmt: skip
 
     def predict_frames(
-        self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray
+        self, hidden: np.ndarray, code0: np.ndarray, samplers: list, uniforms: np.ndarray
     ) -> np.ndarray:
-        """Codes ``[B, 15]``: one graph run per set of sampling params (greedy rows join any run)."""
+        """Codes ``[B, 15]``: one graph run per set of sampling params (greedy rows join any run);
+        the graph samples in-graph with the loop's uniforms and each sampler's params."""
+        params = [s.params for s in samplers]
         groups: dict = {}
         for i, p in enumerate(params):
             groups.setdefault(self._sampler(p) if p.do_sample else None, []).append(i)

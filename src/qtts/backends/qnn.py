@@ -36,7 +36,7 @@ import numpy as np
 
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError, QttsError, require
-from .base import Context, run_predictor_steps
+from .base import OpenContext, run_predictor_steps
 from .onnx import OnnxVocoder
 from .torch import TorchBackend, load_part
 
@@ -177,8 +177,8 @@ class PlainPredictor:
 
         return step_logits
 
-    def predict_frame(self, hidden, code0: int, params, uniforms) -> np.ndarray:
-        return run_predictor_steps(self.frame_logits(hidden), code0, params, uniforms)
+    def predict_frame(self, hidden, code0: int, sampler, uniforms) -> np.ndarray:
+        return run_predictor_steps(self.frame_logits(hidden), code0, sampler, uniforms)
 
 
 def session_runner(session) -> tuple[Callable, tuple]:
@@ -202,8 +202,8 @@ class QnnBackend(TorchBackend):
         super().__init__(talker, threads=threads)
         self.plain = predictor
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray) -> np.ndarray:
-        return self.plain.predict_frame(hidden, code0, params, uniforms)
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
+        return self.plain.predict_frame(hidden, code0, sampler, uniforms)
 
 
 def torch_tables(talker) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +224,7 @@ class QnnVocoder(OnnxVocoder):
         super().__init__(main, first, session_factory=lambda path: qnn_session(path, opts))
 
 
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> QnnBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> QnnBackend:
     if predictor_spec.impl != "qnn" or talker_spec.impl != "torch":
         raise InputError("impl qnn runs the predictor only; name it in the plan (the talker stays torch)")
     talker = load_part(ctx, "talker")

@@ -11,8 +11,8 @@ import json
 import os
 
 from ..errors import InputError, QttsError, require
-from .base import Context
-from .step import StepContract, StepVocoder, pair_contracts
+from .base import OpenContext
+from .vocoder_step import StepContract, StepVocoder, pair_contracts
 
 
 def read_rknn_contract(path: str) -> StepContract:
@@ -61,7 +61,7 @@ def _start(rt, path: str, core_mask: int | None):
     return rt
 
 
-def open_vocoder(spec, ctx: Context) -> RknnVocoder:
+def open_vocoder(spec, ctx: OpenContext) -> RknnVocoder:
     """Plan options: ``core_mask`` (passed to ``RKNNLite.init_runtime``)."""
     return RknnVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("core_mask"))
 

@@ -18,9 +18,10 @@ import threading
 
 import numpy as np
 
+from ..audio.codes import check_codes
 from ..errors import InputError, require
-from .base import Context, run_predictor_rows, run_predictor_steps
-from .step import StepContract, StepVocoder, check_codes, rope_freqs
+from .base import OpenContext, run_predictor_rows, run_predictor_steps
+from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def load_part(ctx: Context, name: str):
+def load_part(ctx: OpenContext, name: str):
     """The torch module of checkpoint component ``name`` (talker, speaker_encoder, decoder, encoder).
 
     Loaded once per context. The speech tokenizer stays fp32 whatever the talker dtype: bf16
@@ -104,13 +105,13 @@ class TorchBackend:
             logits, hidden, state = self.talker_module(x[None].to(self.dtype), int(pos), state)
             return self._out(logits[0, -1]), self._out(hidden[0, -1]), state
 
-    def predictor_logits(self, hidden, code0: int, params, uniforms):
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
         """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
         heads: list = []
-        codes = self.predict_frame(hidden, code0, params, uniforms, heads)
+        codes = self.predict_frame(hidden, code0, sampler, uniforms, heads)
         return codes, np.stack(heads)
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, params, uniforms: np.ndarray, heads=None) -> np.ndarray:
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray, heads=None) -> np.ndarray:
         """``heads``: a list that gets each step's logits."""
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
@@ -132,7 +133,7 @@ class TorchBackend:
             return logits
 
         with torch.inference_mode():
-            codes = run_predictor_steps(step_logits, code0, params, uniforms)
+            codes = run_predictor_steps(step_logits, code0, sampler, uniforms)
         self._local.cache = cache
         return codes
 
@@ -146,7 +147,10 @@ class TorchBackend:
             logits, hidden = self.talker_module.forward_rows(x.to(self.dtype), [int(p) for p in positions], states)
             return self._out(logits[:, -1]), self._out(hidden[:, -1]), states
 
-    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, params: list, uniforms: np.ndarray) -> np.ndarray:
+    def release(self, state) -> None:
+        """Nothing to give back: each stream's KV cache is its own (the batch seam's third method)."""
+
+    def predict_frames(self, hidden: np.ndarray, code0: np.ndarray, samplers: list, uniforms: np.ndarray) -> np.ndarray:
         """The predictor's 15 codes for ``B`` streams in one batched frame -> ``[B, 15]``."""
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
@@ -163,7 +167,7 @@ class TorchBackend:
             return self._out(self.predictor.head(j, out[:, -1]))
 
         with torch.inference_mode():
-            return run_predictor_rows(step_logits, code0, params, uniforms)
+            return run_predictor_rows(step_logits, code0, samplers, uniforms)
 
 
 # ----------------------------------------------------------------------------- vocoder
@@ -240,7 +244,8 @@ class _FullStream:
         self._codes = np.zeros((0, self.vocoder.decoder.config.num_quantizers), dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        codes = check_codes(codes, self.vocoder.decoder.config.num_quantizers)
+        codes = check_codes(codes, "vocoder codes", allow_empty=True,
+                            num_codebooks=self.vocoder.decoder.config.num_quantizers)  # fmt: skip
         done = len(self._codes) * self.samples_per_frame
         self._codes = np.concatenate([self._codes, codes])
         if not len(codes):
@@ -278,7 +283,7 @@ class TorchSpeakerEncoder:
         self.encoder = encoder.eval()
 
     def embed(self, wav_24k: np.ndarray) -> np.ndarray:
-        from ..mel import log_mel
+        from ..audio.mel import log_mel
 
         torch = self._torch
         mel = torch.from_numpy(np.ascontiguousarray(log_mel(wav_24k), dtype=np.float32))[None]
@@ -304,11 +309,11 @@ class TorchSpeechEncoder:
 
 
 # ----------------------------------------------------------------------------- openers
-def open_generation(talker_spec, predictor_spec, ctx: Context) -> TorchBackend:
+def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> TorchBackend:
     return TorchBackend(load_part(ctx, "talker"), threads=ctx.threads)
 
 
-def open_vocoder(spec, ctx: Context):
+def open_vocoder(spec, ctx: OpenContext):
     """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``."""
     decoder = load_part(ctx, "decoder")
     if spec.options.get("mode", "step") == "full":

@@ -83,7 +83,7 @@ def run_build(args) -> int:
 
 def run_rm(args) -> int:
     from ..backends import snapshot_dir
-    from ..bundle import fingerprint
+    from ..backends.bundle import fingerprint
 
     if not (args.keys or args.model or args.plan or args.all):
         raise InputError("say what to remove: KEY (from qtts cache ls), -m MODEL, --plan PRESET or --all")

@@ -116,7 +116,7 @@ def check_folder(path: str, flag: str = "-o", force: bool | None = None) -> None
 
 def check_audio(path: str) -> str:
     """Check an audio output path ('-' = raw PCM on stdout); returns the format."""
-    from ..audio import format_from_path
+    from ..audio.chunk import format_from_path
 
     if path == "-":
         if sys.stdout.isatty():

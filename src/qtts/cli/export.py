@@ -8,8 +8,8 @@ import json
 import os
 import time
 
+from ..backends.plan import COMPONENTS, LEGACY_NAMES
 from ..errors import InputError
-from ..plan import COMPONENTS, LEGACY_NAMES
 from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
 
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
@@ -107,8 +107,8 @@ def run_export_onnx(args) -> int:
 
 
 def run_export_vocoder(args) -> int:
+    from ..backends.plan import plan_snippet
     from ..export.vocoder import export_vocoder_onnx, report_text, verify_onnx
-    from ..plan import plan_snippet
 
     check_file(args.output, suffixes=(".onnx",))
     report = export_vocoder_onnx(args.model, args.chunk_frames, args.output)
@@ -150,8 +150,8 @@ def _export_rknn_arguments(p) -> None:
 
 
 def run_export_rknn(args) -> int:
+    from ..backends.plan import plan_snippet
     from ..export.rknn import compile_rknn
-    from ..plan import plan_snippet
 
     if args.output:
         check_file(args.output, suffixes=(".rknn",))
@@ -189,7 +189,7 @@ def _verify_arguments(ve) -> None:
 
 
 def run_verify_plan(args) -> int:
-    from ..verify import report_markdown, verify_plan, write_report
+    from ..export.verify import report_markdown, verify_plan, write_report
 
     if args.report:
         check_file(args.report, "--report")
@@ -220,7 +220,7 @@ def run_verify_vocoder(args) -> int:
     import numpy as np
     import torch
 
-    from ..audio import snr_db
+    from ..audio.chunk import snr_db
     from ..backends.torch import step_decode
     from ..export.vocoder import load_decoder
     from ..model.vocoder_step import VocoderStep
@@ -286,7 +286,7 @@ def _levels(text: str) -> tuple:
 
 
 def run_bench(args) -> int:
-    from ..bench import BenchOptions, bench_official, bench_plan, plot, table_markdown
+    from ..tools.bench import BenchOptions, bench_official, bench_plan, plot, table_markdown
 
     if args.plot:  # before minutes of benchmarking, not after
         check_file(args.plot, "--plot", suffixes=(".png",))
@@ -308,14 +308,14 @@ def run_bench(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        from ..bundle import write_json  # temp file + rename
+        from ..backends.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
 
 
 def _run_concurrency(args) -> int:
-    from ..bench_concurrency import ConcurrencyOptions, bench_concurrency, table_markdown
+    from ..tools.bench_concurrency import ConcurrencyOptions, bench_concurrency, table_markdown
 
     if args.compare_official or args.plot:
         raise InputError("--concurrency takes neither --compare-official nor --plot")
@@ -327,7 +327,7 @@ def _run_concurrency(args) -> int:
         print(f"{label}: done", flush=True)
     print(table_markdown(rows))
     if args.json:
-        from ..bundle import write_json  # temp file + rename
+        from ..backends.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": {**vars(opts), "levels": list(opts.levels)}, "concurrency": rows})
     return 0
@@ -351,8 +351,8 @@ def _bench_plans(args) -> list:
 
 def _label(plan_path: str) -> str:
     """'onnx: talker int4, predictor int8, vocoder fp32' from the plan's components."""
-    from ..bundle import read_manifest
-    from ..plan import load_plan
+    from ..backends.bundle import read_manifest
+    from ..backends.plan import load_plan
 
     plan = load_plan(plan_path)
     specs = [(short, plan.get(name)) for name, short in

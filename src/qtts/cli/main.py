@@ -134,9 +134,9 @@ def run_demo(args) -> int:
     import tempfile
 
     from .. import load
-    from ..audio import AudioWriter
+    from ..audio.chunk import AudioWriter
     from ..options import SynthesisOptions
-    from ..random_checkpoint import write_random_checkpoint
+    from ..tools.random_checkpoint import write_random_checkpoint
 
     if args.output == "-":
         raise InputError("-o -: the demo writes a file; give a file name such as demo.wav")
@@ -172,7 +172,7 @@ def run_demo(args) -> int:
 
 
 def _register_random_checkpoint(sub) -> None:
-    from ..random_checkpoint import DTYPES, KINDS, LAYOUTS, SIZES
+    from ..tools.random_checkpoint import DTYPES, KINDS, LAYOUTS, SIZES
 
     p = command(sub, "random-checkpoint", run_random_checkpoint, "write a random-weight Qwen3-TTS snapshot "
                 "(real layout and ids) for tests and benchmarks")
@@ -192,7 +192,7 @@ def _register_random_checkpoint(sub) -> None:
 
 
 def run_random_checkpoint(args) -> int:
-    from ..random_checkpoint import write_random_checkpoint
+    from ..tools.random_checkpoint import write_random_checkpoint
 
     if not (args.output or args.output_opt) or (args.output and args.output_opt):
         raise InputError("give one output folder: qtts random-checkpoint OUT (or -o OUT)")

@@ -183,8 +183,8 @@ def resolve_voice(tts, args):
 
 def run_say(args) -> int:
     from ..api import load
+    from ..audio.codes import CODES_SUFFIXES
     from ..backends.cache import plan_short
-    from ..codes import CODES_SUFFIXES
 
     if args.live and args.non_streaming_text:
         raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
@@ -213,7 +213,7 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
     """Write the stream as it comes to ``output`` ('-' = PCM on stdout); returns the final chunk.
 
     ``frames``: a list that gets each chunk's codec frames, in order."""
-    from ..audio import AudioWriter, float_to_int16
+    from ..audio.chunk import AudioWriter, float_to_int16
 
     last = None
     if output == "-":
@@ -242,7 +242,7 @@ def write_codes(path: str, frames: list, prime, codec: str | None, quiet: bool) 
     a note when an .npy needs the voice."""
     import numpy as np
 
-    from ..codes import save_codes
+    from ..audio.codes import save_codes
 
     save_codes(path, np.concatenate(frames), prime, codec)
     if prime is not None and path.lower().endswith(".npy") and not quiet:
@@ -266,7 +266,7 @@ def _register_decode(sub) -> None:
 
 def run_decode(args) -> int:
     from ..api import load
-    from ..codes import load_codes
+    from ..audio.codes import load_codes
     from ..options import SynthesisOptions
 
     fmt = check_audio(args.output)
@@ -284,7 +284,7 @@ def run_decode(args) -> int:
 def check_codec(codes_path: str, codec: str | None, model: str) -> None:
     """Refuse codes whose file names another speech tokenizer than ``--model``'s (before loading it)."""
     from ..backends import snapshot_dir
-    from ..bundle import codec_fingerprint
+    from ..backends.bundle import codec_fingerprint
 
     if codec is None:
         return  # an .npy, or an .npz written by hand: nothing to check

@@ -1,4 +1,4 @@
-"""Batch graphs for continuous batching (:mod:`qtts.batching`), written beside the one-stream graphs.
+"""Batch graphs for continuous batching (:mod:`qtts.engine.batching`), written beside the one-stream graphs.
 
 * talker: the same :class:`~qtts.export.graphs.TalkerGraph` with a dynamic batch axis:
   ``embeds [B,T,H]``, ``seqlens_k [B]`` (each row's own last position), per-layer past/present

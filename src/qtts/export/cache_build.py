@@ -37,7 +37,7 @@ def build(snapshot: str, preset: str, listeners: tuple = ()) -> str:
             f"extra ({cache.INSTALL_EXPORT}), or pass --plan PATH/plan.json of an exported bundle"
             + ("" if missing == "torch" else ", or --plan torch")
         )
-    from ..bundle import fingerprint
+    from ..backends.bundle import fingerprint
 
     key = cache.cache_key(fingerprint(snapshot), preset)
     root = cache.bundles_dir()
@@ -157,7 +157,7 @@ def _build_temporary(snapshot: str, preset: str, key: str, listeners: tuple) -> 
 def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
     """Export ``preset`` into ``out`` with progress, then write its cache info; returns ``out``."""
     from .. import __version__
-    from ..bundle import fingerprint, write_json
+    from ..backends.bundle import fingerprint, write_json
     from .onnx import ExportOptions, export_bundle
     from .progress import BuildProgress, expected_seconds
 

@@ -1,4 +1,4 @@
-"""ExecuTorch (XNNPACK) exports of the fixed-shape steps, and their runtime.
+"""ExecuTorch (XNNPACK) exports of the fixed-shape steps (their runtime: :mod:`qtts.backends.executorch`).
 
 ``torch.export`` -> ``to_edge_transform_and_lower(XnnpackPartitioner)`` -> ``.pte`` ->
 ``executorch.runtime``. Needs the ``.venv-et`` environment (``scripts/setup_executorch_env.sh``:
@@ -7,7 +7,7 @@ executorch 1.5.1 next to torch 2.13 CPU); nothing in the core package imports th
 * :func:`export_predictor_pte`: :class:`~qtts.export.graphs.PlainPredictorStep` (17-slot KV,
   one-hot slot, 15 heads gathered by index); driven by :class:`qtts.backends.qnn.PlainPredictor`.
 * :func:`export_vocoder_pte`: :class:`~qtts.model.vocoder_step.VocoderStep` of ``B`` frames;
-  driven by :class:`EtVocoder` (the step schedule of :mod:`qtts.backends.step`).
+  driven by :class:`qtts.backends.executorch.EtVocoder` (the step schedule of :mod:`qtts.backends.vocoder_step`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import logging
 import os
 from collections import Counter
 
-import numpy as np
-
-from ..backends.step import StepVocoder
 from ..errors import require
 from ..files import atomic_path
 
@@ -70,37 +67,3 @@ def export_vocoder_pte(decoder, codes_length: int, out: str) -> dict:
     report = _lower(step, example_args(step), out)
     report["contract"] = step_contract(step)
     return report
-
-
-def load_method(path: str, threads: int | None = 1):
-    """The ``forward`` method of a .pte (XNNPACK thread pool reset to ``threads``)."""
-    rt = require("executorch.runtime", "executorch", "the ExecuTorch runtime")
-    if threads:
-        portable = require(
-            "executorch.extension.pybindings.portable_lib", "executorch", "the ExecuTorch runtime"
-        )
-        portable._unsafe_reset_threadpool(int(threads))
-    return rt.Runtime.get().load_program(path).load_method("forward")
-
-
-def method_runner(method):
-    """numpy-in/numpy-out ``run(*arrays)`` over an ExecuTorch method."""
-    torch = require("torch", "export", "the ExecuTorch runtime")
-
-    def run(*arrays):
-        outs = method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
-        return [o.numpy() for o in outs]
-
-    return run
-
-
-class EtVocoder(StepVocoder):
-    """The streaming vocoder over one ExecuTorch vocoder step (zero-padded remainders)."""
-
-    def __init__(self, path: str, contract, threads: int | None = 1):
-        self._run_step = method_runner(load_method(path, threads))
-        self.contract, self.sizes = contract, [contract.codes_length]
-
-    def run(self, size, codes, freqs, valid, cache):
-        audio, cache = self._run_step(codes, freqs, valid, cache)
-        return audio, cache

@@ -4,7 +4,7 @@ A bundle directory holds the graphs (``*.onnx`` + one ``*.onnx.data`` external-d
 numpy embedding tables (``tables/*.npy``, loaded with ``mmap_mode='r'``), the vocoder step
 artifacts (from :mod:`qtts.export.vocoder`), ``plan.json`` (per component impl / artifacts /
 precision) and ``manifest.json`` (the source checkpoint's fingerprint and sha256, opset, graph
-inputs/outputs, precision per component, qtts version; see :mod:`qtts.bundle`). Export is
+inputs/outputs, precision per component, qtts version; see :mod:`qtts.backends.bundle`). Export is
 deterministic: the same checkpoint and options give byte-identical files. The bundle is built in
 a temporary directory beside the target and swapped in at the end, so a failed export leaves the
 target as it was, and a re-export never mixes files of two exports.
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bundle import MANIFEST, PLAN, source_info, write_json
+from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
+from ..backends.plan import COMPONENTS
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from ..files import temp_dir_beside
-from ..plan import COMPONENTS
 from .quantize import DEFAULT_BLOCK_SIZE
 from .write import OPSET, export_graph
 
@@ -56,7 +56,7 @@ class ExportOptions:
     #: reuse the vocoder of another bundle (its plan entry, paths made relative to this bundle)
     vocoder_from: str | None = None
     #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
-    #: engine (qtts.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
+    #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True
     #: storage of the gathered embedding tables (text, codec, predictor codec): "fp16" halves them
     #: (the 151936 x 2048 text embedding is 1.24 GB in fp32); rows are read back as fp32
@@ -338,7 +338,7 @@ def _swap(new: str, out: str) -> None:
 
 def borrowed_vocoder(bundle: str, out: str) -> dict:
     """The ``vocoder`` entry of another bundle's plan with artifact paths relative to ``out``."""
-    from ..plan import load_plan
+    from ..backends.plan import load_plan
 
     spec = load_plan(os.path.join(bundle, PLAN)).get("vocoder")
     if spec.impl == "torch" or not spec.artifacts:

@@ -109,7 +109,7 @@ def _compact_log(path: str, keep: int = 20) -> list[str]:
 
 # ----------------------------------------------------------------------------- converter half
 def rope_freqs(start: int, count: int, inv_freq):
-    """Same as qtts.backends.step.rope_freqs (duplicated: this half cannot import qtts)."""
+    """Same as qtts.backends.vocoder_step.rope_freqs (duplicated: this half cannot import qtts)."""
     import numpy as np
 
     pos = np.arange(start, start + count, dtype=np.float32)[:, None]

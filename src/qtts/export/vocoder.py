@@ -19,8 +19,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..backends.step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
-from ..bundle import write_json
+from ..backends.bundle import write_json
+from ..backends.vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
 from ..errors import InputError, QttsError, require
 from ..files import publish, temp_beside
 from .write import export_single_file
@@ -206,7 +206,7 @@ def verify_onnx(model, main: str, first: str | None = None, frames: int = 300, s
                 chunks: list[int] | None = None) -> float:  # fmt: skip
     """SNR (dB) of onnxruntime stepwise decoding vs the torch offline decode of random codes."""
     torch = require("torch", "torch", "the reference decode")
-    from ..audio import snr_db
+    from ..audio.chunk import snr_db
     from ..backends.onnx import OnnxVocoder
 
     decoder = load_decoder(model)

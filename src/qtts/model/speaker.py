@@ -6,7 +6,7 @@ Module paths equal the checkpoint keys under ``speaker_encoder.``:
 
 Every conv uses reflect "same" padding (left = d*(k-1)//2, right = the rest), like
 ``nn.Conv1d(padding="same", padding_mode="reflect")`` in the official model.
-Input: log-mel ``[B, frames, 128]`` from :func:`qtts.mel.log_mel` (the runtimes compute it on the
+Input: log-mel ``[B, frames, 128]`` from :func:`qtts.audio.mel.log_mel` (the runtimes compute it on the
 host); output ``[B, enc_dim]``.
 """
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..config import SpeechTokenizerConfig
-from .codec_encoder import Encoder
+from .speech_encoder import Encoder
 from .vocoder import Decoder
 
 

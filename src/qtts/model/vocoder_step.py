@@ -177,7 +177,7 @@ class VocoderStep(nn.Module):
 
     def inv_freq(self) -> np.ndarray:
         """fp32 RoPE inverse frequencies; the host turns them into ``freqs_in`` for each step
-        (``qtts.backends.step.rope_freqs``: positions reduced mod 2*pi)."""
+        (``qtts.backends.vocoder_step.rope_freqs``: positions reduced mod 2*pi)."""
         cfg = self.decoder.config
         return rope_inv_freq(cfg.head_dim, cfg.rope_theta).numpy()
 

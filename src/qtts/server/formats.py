@@ -21,7 +21,7 @@ import io
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, float_to_int16, wav_header_streaming
+from ..audio.chunk import SAMPLE_RATE, float_to_int16, wav_header_streaming
 
 MEDIA_TYPES = {
     "wav": "audio/wav",

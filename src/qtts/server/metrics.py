@@ -148,7 +148,7 @@ class ServerMetrics:
 
 
 def batch_observer(metrics: ServerMetrics):
-    """A :class:`qtts.batching.BatchEngine` observer that records its steps in ``metrics``."""
+    """A :class:`qtts.engine.batching.BatchEngine` observer that records its steps in ``metrics``."""
 
     def observe(stats) -> None:
         if stats.rows:

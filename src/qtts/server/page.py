@@ -64,7 +64,7 @@ async def icon() -> Response:
 
 
 def takes_instruct(model_type: str, model_size: str) -> bool:
-    """VoiceDesign needs an instruction; the 1.7B CustomVoice takes one (see qtts.prompt)."""
+    """VoiceDesign needs an instruction; the 1.7B CustomVoice takes one (see qtts.text.prompt)."""
     return model_type == "voice_design" or (model_type == "custom_voice" and model_size == "1b7")
 
 

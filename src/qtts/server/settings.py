@@ -20,7 +20,7 @@ class ServerSettings:
     voices_dir: str | None = None
     #: generations (and voice creations) running at once; each gets its own worker thread
     max_concurrency: int = 1
-    #: > 1: one batched engine (qtts.batching) steps up to this many generations together, and this
+    #: > 1: one batched engine (qtts.engine.batching) steps up to this many generations together, and this
     #: many run at once (instead of max_concurrency engines, each a copy of the weights)
     max_batch: int = 1
     #: requests allowed to wait for a worker; one more gets 429 with Retry-After

@@ -25,7 +25,7 @@ from wyoming.info import Describe
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from ..audio import float_to_int16
+from ..audio.chunk import float_to_int16
 from ..config import SAMPLE_RATE
 from ..errors import InputError
 from .catalog import VoiceNotFound
@@ -158,7 +158,7 @@ class QttsEventHandler(AsyncEventHandler):
 
 def complete_sentences(text: str) -> tuple[list[str], str]:
     """Split streamed text into the sentences that are complete and the rest (kept as sent)."""
-    from ..frontend import split_sentences
+    from ..text.sentences import split_sentences
 
     pieces = split_sentences(text, min_chars=1) if text.strip() else []  # a short sentence is not held back
     if len(pieces) < 2:

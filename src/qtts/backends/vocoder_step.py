@@ -1,0 +1,146 @@
+"""The host side of the stateful vocoder step, shared by every runtime that runs it.
+
+A compiled step (:class:`~qtts.model.vocoder_step.VocoderStep`, exported by ``qtts export vocoder``)
+decodes ``B`` frames per call from a flat state vector. :class:`StepContract` is what a host needs
+to drive it (stored in the artifact); :class:`StepVocoder` is the part a runtime builds once
+(sessions, modules: ``run(size, codes, freqs, valid, cache)``); :class:`StepStream` is the
+per-utterance schedule and state over it.
+
+Schedule: ``main`` steps while at least ``main`` frames are left, then smaller compiled steps
+(``first``); a remainder shorter than every compiled size is decoded by a zero-padded step whose
+samples past the remainder are dropped and whose cache is *not* kept: the remainder frames stay
+pending and are decoded again, from the last committed cache, at the start of the next call
+(their audio, already returned, is skipped). Causality makes the recomputed samples identical,
+so the output is exact. A runner with ``exact_remainder`` (torch) gets an exact-size step instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..audio.codes import check_codes
+from ..config import NUM_CODEBOOKS
+from ..errors import InputError
+
+TWO_PI = 2.0 * np.pi
+STEP_INPUTS = ("audio_codes", "freqs_in", "cache_valid", "cache_in")
+STEP_OUTPUTS = ("audio_values", "cache_out")
+
+
+def rope_freqs(start: int, count: int, inv_freq: np.ndarray) -> np.ndarray:
+    """[count, head_dim/2] fp32 RoPE angles of positions start..start+count-1, reduced mod 2*pi.
+
+    ``inv_freq`` must be the model's fp32 inverse frequencies exactly as the offline decode uses
+    them (``qtts.model.layers.rope_inv_freq``; exports store them, since numpy's pow differs from
+    torch's in the last ulp). The product pos*inv_freq is rounded to fp32 exactly as the offline
+    decode computes it, then reduced in float64, so cos/sin of the result equal the offline ones
+    to fp32 rounding while the angle stays small enough for fp16 hardware.
+    """
+    pos = np.arange(start, start + count, dtype=np.float32)[:, None]
+    angles = pos * np.asarray(inv_freq, dtype=np.float32)[None, :]  # fp32 product
+    return np.mod(angles.astype(np.float64), TWO_PI).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class StepContract:
+    """What a host needs to drive a compiled step; stored in the artifact (ONNX metadata / sidecar)."""
+
+    codes_length: int  # B: frames per call
+    cache_size: int  # N: flat state length (independent of B)
+    head_dim: int
+    kv_slots: int  # sliding window - 1
+    samples_per_frame: int
+    inv_freq: tuple  # fp32 RoPE inverse frequencies (head_dim/2 values)
+    num_quantizers: int = NUM_CODEBOOKS
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> StepContract:
+        try:
+            data = dict(data)
+            data["inv_freq"] = tuple(float(x) for x in data["inv_freq"])
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{where}: not a qtts vocoder step contract ({exc}); re-export it") from exc
+
+    def same_model(self, other: StepContract) -> bool:
+        """True when two steps share one state layout (they may differ only in B)."""
+        keys = ("cache_size", "head_dim", "kv_slots", "inv_freq")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+def pair_contracts(contracts: dict, main: str) -> StepContract:
+    """The ``main`` contract, after checking every other artifact comes from the same model."""
+    for path, c in contracts.items():
+        if not c.same_model(contracts[main]):
+            raise InputError(
+                f"{path}: 'first' and 'main' artifacts come from different models (cache layouts differ)"
+            )
+    return contracts[main]
+
+
+class StepVocoder:
+    """A runtime's compiled steps; subclasses set ``contract``, ``sizes`` and implement ``run``."""
+
+    contract: StepContract
+    sizes: list  # compiled step sizes, largest first
+    exact_remainder = False  # True when run() accepts any size: remainders are never padded
+
+    def run(self, size: int, codes, freqs, valid, cache) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def stream(self) -> StepStream:
+        return StepStream(self)
+
+
+class StepStream:
+    """One utterance's state and schedule over a :class:`StepVocoder` (see the module docstring)."""
+
+    def __init__(self, steps: StepVocoder):
+        self.steps = steps
+        self.contract = steps.contract
+        self.samples_per_frame = steps.contract.samples_per_frame
+        self._inv_freq = np.asarray(steps.contract.inv_freq, dtype=np.float32)
+        self.reset()
+
+    def reset(self) -> None:
+        self._cache = np.zeros(self.contract.cache_size, dtype=np.float32)
+        self._pos = 0  # committed frames
+        self._pending = np.zeros((0, self.contract.num_quantizers), dtype=np.int64)
+
+    def _step(self, frames: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(frames)
+        codes = np.zeros((1, self.contract.num_quantizers, size), dtype=np.int64)
+        codes[0, :, :n] = frames.T
+        freqs = rope_freqs(self._pos, size, self._inv_freq)
+        valid = np.array([min(self._pos, self.contract.kv_slots)], dtype=np.float32)
+        audio, cache = self.steps.run(size, codes, freqs, valid, self._cache)
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)[: n * self.samples_per_frame]
+        return audio, np.asarray(cache, dtype=np.float32).reshape(-1)
+
+    def _size(self, left: int) -> int | None:
+        fits = next((s for s in self.steps.sizes if s <= left), None)
+        return fits if fits is not None or not self.steps.exact_remainder else left
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        frames = np.concatenate([self._pending, check_codes(codes, "vocoder codes", allow_empty=True, num_codebooks=self.contract.num_quantizers)])
+        skip = len(self._pending) * self.samples_per_frame
+        self._pending = frames[:0]
+        outs, i = [], 0
+        while i < len(frames):
+            size = self._size(len(frames) - i)
+            if size is None:  # shorter than every compiled size: pad, keep the cache uncommitted
+                outs.append(self._step(frames[i:], self.steps.sizes[-1])[0])
+                self._pending = frames[i:]
+                break
+            audio, self._cache = self._step(frames[i : i + size], size)
+            outs.append(audio)
+            self._pos += size
+            i += size
+        out = np.concatenate(outs) if outs else np.zeros(0, dtype=np.float32)
+        return out[skip:]
