@@ -1,4 +1,6 @@
-"""Shared test fixtures (owned by the core engine; keep this API stable).
+"""Shared test fixtures (owned by the core engine; keep this API stable). Test modules live in one
+folder per concept (tests/text, engine, audio, model, backends, export, parity, server, cli, tools,
+api, repo); what they share lives in tests/support/ (the one fake engine: support/fakes.py).
 
 Constants
     ``REPO_ROOT``            the checkout.
@@ -21,6 +23,8 @@ Fixtures (session scope; results are cached per argument set)
     ``eos_snapshot(kind="base", layout="0.6b") -> str``
         Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
         generation reaches EOS by itself some frames after the text is used up.
+    ``snapshot``  -> ``tiny_snapshot(kind="custom_voice")``: the default checkpoint of module tests
+        (tests/backends/test_qnn.py overrides it with the Base one).
     ``one_thread`` (module scope)
         torch at one intra-op thread for the module, restored after it: tiny models and small
         per-step tensors lose more to thread hand-offs than they gain on the 2-core CI machine.
@@ -34,7 +38,7 @@ Environment (set at import, so subprocesses the tests start inherit it)
     ``QTTS_CACHE``  a fresh temporary folder per session: no test reads or writes ``~/.cache/qtts``.
     ``QTTS_PLAN=torch`` unless already set: a load with no plan runs the torch fp32 reference, which
         is what the tests that load a tiny checkpoint without a plan compare against (parity, codes,
-        audio). The tests of the automatic plan (``tests/test_plan_cache.py``) unset it.
+        audio). The tests of the automatic plan (``tests/backends/test_plan_cache.py``) unset it.
 
 Markers
     ``@pytest.mark.slow`` tests (full-size checks, minutes and GBs of RAM) are deselected unless the
@@ -104,6 +108,12 @@ def tiny_snapshot(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def snapshot(tiny_snapshot):
+    """The tiny CustomVoice snapshot (real tokenizer, seed 0): the default checkpoint of module tests."""
+    return tiny_snapshot(kind="custom_voice")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     import torch
@@ -131,7 +141,7 @@ def real_tts(tiny_snapshot):
 def official_tts():
     import torch
 
-    import official
+    from support import official
 
     cache: dict[str, object] = {}
 

@@ -130,7 +130,9 @@ def check_audio(path: str) -> str:
         raise InputError(f"-o {exc}") from None
 
 
-_CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"))
+_CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"),
+              ("voice=<Voice or .voice file>", "--voice FILE.voice or --ref-audio CLIP [--ref-text TEXT]"),
+              ("instruct=<a description of the voice>", "--instruct TEXT (a description of the voice)"))
 
 
 def cli_words(message: str) -> str:

@@ -14,7 +14,7 @@ from .common import add_model, check_file, check_folder, cli_plan, command, grou
 
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
 # The choices below mirror qtts.export.onnx.PRECISIONS / PREDICTOR_MODES, quantize.DEFAULT_BLOCK_SIZE
-# and rknn.TARGETS (tests/test_cli_first_run.py checks they agree): building the parser must not
+# and rknn.TARGETS (tests/cli/test_cli_first_run.py checks they agree): building the parser must not
 # import qtts.export, so `qtts say` never loads the export toolchain.
 PRECISIONS = ("fp32", "int8", "int4")
 PREDICTOR_MODES = ("frame", "step")

@@ -66,7 +66,8 @@ def register(sub) -> None:
     v.add_argument("--ref-text", help="exact transcript of the reference (enables ICL cloning, usually better)")
     v.add_argument("--name", default="", help="a name stored in the file")
     v.add_argument("--trailing-silence", type=number(float, 0, 5), default=0.5, help=SILENCE_HELP)
-    v.add_argument("-o", "--output", required=True, help="output .voice file")
+    v.add_argument("-o", "--output", required=True, help="output .voice file (an existing one is kept unless --force)")
+    v.add_argument("--force", action="store_true", help="replace the -o file if it exists")
     show = command(voice_sub, "show", run_voice_show, "show what a .voice file holds")
     show.add_argument("voice", help="a .voice file")
 
@@ -190,6 +191,10 @@ def run_say(args) -> int:
         raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
                          "drop --non-streaming-text")
     text = live_pieces(args) if args.live else read_text(args)
+    if not args.live:
+        from ..text.prompt import clean_text
+
+        clean_text(text, what="the text")  # empty, or over the 50,000-character limit: before the model loads
     fmt = check_audio(args.output)
     if args.codes_out:
         check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
@@ -224,11 +229,17 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
                 progress.update(last)
                 _keep(frames, last)
         return last
-    with AudioWriter(output, fmt=fmt) as w:
-        for last in chunks:
-            w.write(last.samples)
-            progress.update(last)
-            _keep(frames, last)
+    # closing(): a failed write (a full disk) stops the generation threads before the error leaves
+    try:
+        with contextlib.closing(chunks), AudioWriter(output, fmt=fmt) as w:
+            for last in chunks:
+                w.write(last.samples)
+                progress.update(last)
+                _keep(frames, last)
+    except OSError as exc:
+        if exc.filename or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, output) from None
     return last
 
 
@@ -314,7 +325,9 @@ def decode_prime(codes_path: str, prime, voice_path: str | None):
 def run_voice_create(args) -> int:
     from ..api import load
 
-    check_file(args.output)
+    check_file(args.output, suffixes=(".voice",))
+    if os.path.exists(args.output) and not args.force:
+        raise InputError(f"-o {args.output}: exists; choose another name or pass --force to replace it")
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = tts.create_voice(args.ref_audio, ref_text=args.ref_text, name=args.name,
                              trailing_silence=args.trailing_silence)

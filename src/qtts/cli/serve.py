@@ -6,6 +6,7 @@ import ipaddress
 import logging
 
 from ..errors import InputError
+from ..server.settings import SUPPORTED_FORMATS
 from .common import add_model, add_stderr_handler, cli_plan, command, number
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
                    help="largest voice upload (default 10 MB)")
     p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
-    p.add_argument("--default-format", default="wav", help="response_format when a request names none")
+    _openai_arguments(p)
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
     p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
@@ -62,6 +63,27 @@ def register(sub) -> None:
     w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
                    help="longest session in seconds (default 1800)")
 
+
+def _openai_arguments(p) -> None:
+    o = p.add_argument_group("OpenAI drop-in")
+    o.add_argument("--default-format", default="mp3", choices=SUPPORTED_FORMATS,
+                   help="response_format when a request names none (default mp3, as OpenAI; wav: the old default)")
+    o.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE", type=_alias,
+                   help="answer voice NAME with VOICE (a speaker or an uploaded voice id), e.g. alloy=vivian; "
+                   "repeatable; overrides the default table of OpenAI voice names (docs/server.md)")
+
+
+def _alias(text: str) -> tuple[str, str]:
+    import argparse
+
+    from ..server.aliases import parse_alias
+
+    try:
+        return parse_alias(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
 def _settings(args):
     from ..server.settings import ServerSettings
 
@@ -70,7 +92,8 @@ def _settings(args):
         max_batch=args.max_batch or 1,
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
-        default_response_format=args.default_format, model_id=args.model_id or args.model,
+        default_response_format=args.default_format, voice_aliases=tuple(args.voice_alias),
+        model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
         ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
@@ -106,7 +129,26 @@ def _load_engines(args, state) -> None:
     state.set_engine(engines)
     what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
     first = engines if batch > 1 else engines[0]
-    log.warning("qtts: model %s loaded (%s), plan %s; ready", args.model, what, plan_label(first.components.plan))
+    label = plan_label(first.components.plan)
+    log.info("model %s loaded (%s), plan %s; ready", args.model, what, label)
+    print(f"qtts: model {args.model} loaded ({what}), plan {label}; ready", flush=True)  # stdout, beside "serving on"
+
+
+def check_model(model: str) -> None:
+    """Refuse (exit 2) before serving a model that cannot load: a missing folder, or a folder that is
+    not a Qwen3-TTS snapshot. A hub id is resolved (cache or download) by the loader; if that fails
+    the server stays up and /health answers 503 with the reason."""
+    import os
+    import re
+
+    from ..config import ModelConfig
+
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        ModelConfig.from_dir(path)  # InputError naming the missing or malformed file
+    elif not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", path):
+        raise InputError(f"--model {model}: no such snapshot directory; pass a local Qwen3-TTS snapshot directory "
+                         "or a hub id like Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
 
 
 def _check_host(host: str) -> None:
@@ -131,7 +173,7 @@ def run(args) -> int:
     import importlib.util
     import threading
 
-    from ..backends.cache import env_no_build
+    from ..backends.cache import TORCH, env_no_build, preset_name
     from ..errors import require
 
     require("fastapi", "serve", "qtts serve")
@@ -144,6 +186,11 @@ def run(args) -> int:
 
     _check_host(args.host)
     settings = _settings(args)
+    check_model(args.model)
+    if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
+        from ..backends.plan import load_plan
+
+        load_plan(args.plan)  # a missing or unreadable plan file: exit 2 before serving
     _access_log()
     if args.no_build or env_no_build():  # nothing is built: a missing bundle fails now, exit 2
         cli_plan(args)

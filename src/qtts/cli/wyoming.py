@@ -58,6 +58,27 @@ def _check_uri(uri: str) -> None:
                     parsed.hostname)
 
 
+def check_port_free(uri: str) -> None:
+    """tcp://HOST:PORT: fail in one line (exit 1) before the model loads when the port cannot be
+    bound (another service has it, or the address is not this machine's)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from ..errors import QttsError
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "tcp":
+        return
+    family = socket.AF_INET6 if ":" in (parsed.hostname or "") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
+        try:
+            sock.bind((parsed.hostname, parsed.port))
+        except OSError as exc:
+            raise QttsError(f"cannot listen on {parsed.hostname}:{parsed.port} ({exc.strerror or exc}); "
+                            "stop the program that uses it or choose another port in --uri") from None
+
+
 def run(args) -> int:
     import asyncio
 
@@ -70,6 +91,7 @@ def run(args) -> int:
     settings = _settings(args)
     from ..backends.cache import plan_label
 
+    check_port_free(args.uri)
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     log.warning("qtts: model %s loaded, plan %s", args.model, plan_label(tts.components.plan))
     service = WyomingService(tts, settings)

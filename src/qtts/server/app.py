@@ -173,8 +173,10 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
         yield
         state.shutdown()
 
-    # redirect_slashes=False: Starlette builds the redirect from the client's Host header
+    # redirect_slashes=False: Starlette builds the redirect from the client's Host header.
+    # docs_url/redoc_url=None: FastAPI's pages load Swagger UI/ReDoc from a CDN; /docs is ours (page.py)
     app = FastAPI(title="qtts", version=__version__, lifespan=lifespan, redirect_slashes=False,
+                  docs_url=None, redoc_url=None,
                   description="Streaming Qwen3-TTS speech synthesis with an OpenAI-compatible API.")
     app.state.qtts = state
     install_error_handlers(app)

@@ -38,8 +38,11 @@ class ServerSettings:
     #: frames per streamed chunk after the first (None = engine default, 8); the worker notices a
     #: client disconnect between chunks, so this also bounds the frames generated after one
     chunk_frames: int | None = None
-    #: format used when a request names none (OpenAI's default is mp3; wav needs no decoder)
-    default_response_format: str = "wav"
+    #: format used when a request names none (mp3 as OpenAI; ``--default-format wav`` for the old default)
+    default_response_format: str = "mp3"
+    #: ``(name, voice)`` pairs: ``voice: name`` in a request means ``voice`` (``--voice-alias``); they
+    #: override the default OpenAI-name table of :mod:`qtts.server.aliases`
+    voice_aliases: tuple = ()
     #: model id reported by /health and /v1/models; requests may name any model (one is served)
     model_id: str = "qtts"
     #: emit one JSON access-log line per request on the ``qtts.server.access`` logger
@@ -85,11 +88,21 @@ class ServerSettings:
                      "ws_idle_timeout_s", "ws_max_session_s"):
             if not 0 < getattr(self, name) <= 86400:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
+        from ..text.prompt import MAX_TEXT_CHARS
+
+        for name in ("max_input_chars", "ws_max_message_chars"):
+            if getattr(self, name) > MAX_TEXT_CHARS:
+                raise InputError(f"{name}={getattr(self, name)}: must be <= {MAX_TEXT_CHARS} (the engine's limit per "
+                                 "call)")
         if self.default_response_format not in SUPPORTED_FORMATS:
             raise InputError(
                 f"default_response_format={self.default_response_format!r}: "
                 f"choose one of {', '.join(SUPPORTED_FORMATS)}"
             )
+        from .aliases import parse_alias
+
+        for pair in self.voice_aliases:
+            parse_alias("=".join(pair) if isinstance(pair, (tuple, list)) and len(pair) == 2 else str(pair))
         if not 0 <= self.port <= 65535:
             raise InputError(f"port={self.port}: must be in 0..65535")
 

@@ -41,7 +41,7 @@ Three stages, each with its own finality rule:
    same text the whole-text encode sees up to ``y``. A cut never falls inside an added-token
    string ("<|im_end|>", ...) that is or may become complete.
 
-``tests/test_incremental.py`` checks the rule with property tests: random splits of a
+``tests/text/test_incremental.py`` checks the rule with property tests: random splits of a
 multilingual corpus, one character at a time, and adversarial pieces, with both regexes.
 """
 
