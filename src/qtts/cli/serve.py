@@ -130,8 +130,8 @@ def _load_engines(args, state) -> None:
     what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
     first = engines if batch > 1 else engines[0]
     label = plan_label(first.components.plan)
-    log.info("model %s loaded (%s), plan %s; ready", args.model, what, label)
-    print(f"qtts: model {args.model} loaded ({what}), plan {label}; ready", flush=True)  # stdout, beside "serving on"
+    log.info("model %s loaded (%s); ready (plan %s)", args.model, what, label)
+    print(f"qtts: model {args.model} loaded ({what}); ready (plan {label})", flush=True)  # stdout, beside "serving on"
 
 
 def check_model(model: str) -> None:
