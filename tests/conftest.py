@@ -34,6 +34,12 @@ Fixtures (session scope; results are cached per argument set)
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
         ``.model.speech_tokenizer``. Treat it as read-only (shared by every test).
 
+Environment (set at import, so subprocesses the tests start inherit it)
+    ``QTTS_CACHE``  a fresh temporary folder per session: no test reads or writes ``~/.cache/qtts``.
+    ``QTTS_PLAN=torch`` unless already set: a load with no plan runs the torch fp32 reference, which
+        is what the tests that load a tiny checkpoint without a plan compare against (parity, codes,
+        audio). The tests of the automatic plan (``tests/backends/test_plan_cache.py``) unset it.
+
 Markers
     ``@pytest.mark.slow`` tests (full-size checks, minutes and GBs of RAM) are deselected unless the
     ``-m`` expression names ``slow`` (e.g. ``pytest -m slow`` or ``-m "parity or slow"``); CI runs the rest.
@@ -41,13 +47,21 @@ Markers
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_ROOTS = (os.path.join(REPO_ROOT, "tests", "data", "reference"), os.path.join(REPO_ROOT, "src", "qtts", "data"))
 REAL_TOKENIZER_DIR = os.path.join(REFERENCE_ROOTS[0], "configs", "text-tokenizer-qwen2")
+
+_CACHE = tempfile.mkdtemp(prefix="qtts-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, True)
+os.environ["QTTS_CACHE"] = _CACHE
+os.environ.setdefault("QTTS_PLAN", "torch")
 
 
 def pytest_collection_modifyitems(config, items):

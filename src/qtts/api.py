@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
          parts=None, max_batch: int = 1) -> TTS:
-    """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
+    """Load a snapshot dir or hub id; ``plan`` picks runtimes per component: None = the default
+    preset (an ONNX bundle built once per checkpoint and cached, :mod:`qtts.backends.cache`),
+    ``"torch"`` = the fp32 reference, a preset name, or a plan path / dict / Plan.
 
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
     builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).

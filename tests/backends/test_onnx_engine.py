@@ -138,7 +138,10 @@ def test_verify_plan_fp32_gates_pass(fp32_bundle, snapshot, tmp_path):
     assert report["greedy_equal_rate"] == 1.0 and report["greedy_first_divergent_frame"] is None
     assert report["code0_top1_agreement"] == 1.0 and report["codebooks_1_15_agreement"] == 1.0
     assert report["vocoder_snr_db"] >= 80.0
-    assert "PASS" in open(report_path, encoding="utf-8").read()
+    assert report["predictor_logit_snr_db_min"] >= 60.0 and report["talker_logit_snr_db_min"] >= 60.0
+    assert report["default_gate"] is True
+    text = open(report_path, encoding="utf-8").read()
+    assert "PASS" in text and "predictor logit SNR" in text
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])

@@ -274,7 +274,8 @@ def test_serve_ready_line_is_info_in_the_log_and_printed(tiny_snapshot, caplog, 
     assert state.ready
     ready = [r for r in caplog.records if "ready" in r.getMessage()]
     assert [r.levelno for r in ready] == [logging.INFO]
-    assert "loaded (1 engine(s)); ready" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "loaded (1 engine(s)); ready (plan torch fp32 reference)" in out  # QTTS_PLAN=torch (conftest)
     state.shutdown()
 
 

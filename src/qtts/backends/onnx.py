@@ -105,8 +105,8 @@ class OnnxBackend:
         self.threads = threads
         self.meta = meta
         load = lambda key: np.load(artifacts[key], mmap_mode="r")  # noqa: E731
-        self.text_table = load("text_embedding")
-        self.codec_table = np.ascontiguousarray(load("codec_embedding"))
+        self.text_table = load("text_embedding")  # fp32 or fp16 (rows are cast when gathered)
+        self.codec_table = np.ascontiguousarray(load("codec_embedding"))  # mapped, fp32 or fp16 (cast per row)
         self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"))
         self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
         self.hidden_size = int(self.codec_table.shape[1])
@@ -126,7 +126,7 @@ class OnnxBackend:
         return self.text_proj.run(None, {"rows": rows})[0]
 
     def codec_embeds(self, ids: np.ndarray) -> np.ndarray:
-        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)]
+        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)].astype(np.float32, copy=False)
 
     def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
@@ -157,10 +157,24 @@ class OnnxBackend:
             return self._predict_fused(hidden, code0, sampler.params, uniforms)
         return self._predict_steps(hidden, code0, sampler, uniforms)
 
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``; None when the
+        graph has no logits output (step mode, bundles exported before it had one)."""
+        names = {o.name for o in self.predictor_sess.get_outputs()}
+        if self.predictor_mode != "frame" or "logits" not in names:
+            return None
+        feeds = self._fused_feeds(hidden, code0, sampler.params, uniforms)
+        codes, logits = self.predictor_sess.run(["codes", "logits"], feeds)
+        return codes.astype(np.int64), logits
+
     def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
+        feeds = self._fused_feeds(hidden, code0, params, uniforms)
+        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
+
+    def _fused_feeds(self, hidden, code0, params, uniforms) -> dict:
         vocab = int(self.predictor_tables.shape[1])
         top_k = int(params.top_k) if params.top_k else vocab
-        feeds = {
+        return {
             "hidden": np.asarray(hidden, dtype=np.float32).reshape(1, -1),
             "code0": np.array([int(code0)], dtype=np.int64),
             "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(PREDICTOR_STEPS),
@@ -169,7 +183,6 @@ class OnnxBackend:
             "top_p": np.array([1.0 if params.top_p is None else params.top_p], dtype=np.float32),
             "do_sample": np.array([bool(params.do_sample)]),
         }
-        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
 
     def _predict_steps(self, hidden, code0, sampler, uniforms) -> np.ndarray:
         p = self.meta["predictor"]

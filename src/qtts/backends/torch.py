@@ -105,7 +105,14 @@ class TorchBackend:
             logits, hidden, state = self.talker_module(x[None].to(self.dtype), int(pos), state)
             return self._out(logits[0, -1]), self._out(hidden[0, -1]), state
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
+        heads: list = []
+        codes = self.predict_frame(hidden, code0, sampler, uniforms, heads)
+        return codes, np.stack(heads)
+
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray, heads=None) -> np.ndarray:
+        """``heads``: a list that gets each step's logits."""
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
         cache = getattr(self._local, "cache", None)
@@ -120,7 +127,10 @@ class TorchBackend:
             else:
                 x, pos = self.predictor.embed(j - 1, ids), j + 1
             out, cache = self.predictor(x, pos, cache)
-            return self._out(self.predictor.head(j, out[0, -1]))
+            logits = self._out(self.predictor.head(j, out[0, -1]))
+            if heads is not None:
+                heads.append(logits)
+            return logits
 
         with torch.inference_mode():
             codes = run_predictor_steps(step_logits, code0, sampler, uniforms)

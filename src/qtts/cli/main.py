@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..errors import InputError, MissingDependencyError, QttsError, missing_module_message
+from .cache import register as register_cache
 from .common import (
     Parser,
     add_stderr_handler,
@@ -58,6 +59,7 @@ def build_parser() -> Parser:
     register_serve(sub)
     register_wyoming(sub)
     register_export(sub)
+    register_cache(sub)
     _register_random_checkpoint(sub)
     return parser
 
@@ -209,7 +211,7 @@ def run_demo(args) -> int:
         snap = write_random_checkpoint(os.path.join(tmp, "tiny-base"), size="tiny", kind="base",
                                        seed=args.seed, tokenizer_dir=args.tokenizer)
         done("write tiny random checkpoint")
-        tts = load(snap, threads=args.threads)
+        tts = load(snap, plan="torch", threads=args.threads)
         done("load (config, tokenizer, torch backend)")
         voice = tts.create_voice((reference_audio(seed=args.seed), 24000), ref_text="A synthetic reference.")
         done(f"create voice (x-vector + {len(voice.ref_codes)} ICL frames)")

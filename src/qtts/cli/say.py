@@ -16,6 +16,7 @@ from .common import (
     add_model,
     check_audio,
     check_file,
+    cli_plan,
     cli_words,
     command,
     group,
@@ -184,6 +185,7 @@ def resolve_voice(tts, args):
 def run_say(args) -> int:
     from ..api import load
     from ..audio.codes import CODES_SUFFIXES
+    from ..backends.cache import plan_short
 
     if args.live and args.non_streaming_text:
         raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
@@ -197,7 +199,7 @@ def run_say(args) -> int:
     if args.codes_out:
         check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
     options = build_options(args)
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = resolve_voice(tts, args)
     speak = tts.stream_text if args.live else tts.stream
     chunks = speak(text, voice=voice, speaker=args.speaker, instruct=args.instruct, language=args.language,
@@ -208,7 +210,7 @@ def run_say(args) -> int:
     if args.codes_out:
         prime = voice.ref_codes if voice is not None and voice.icl else None  # what stream() primed with
         write_codes(args.codes_out, frames, prime, tts.codec, args.quiet)
-    progress.summary(last)
+    progress.summary(last, plan_short(tts.components.plan))
     return 0
 
 
@@ -282,7 +284,7 @@ def run_decode(args) -> int:
     codes, prime, codec = load_codes(args.codes)
     prime = decode_prime(args.codes, prime, args.voice)
     check_codec(args.codes, codec, args.model)
-    tts = load(args.model, plan=args.plan, threads=args.threads, parts=("vocoder",))
+    tts = load(args.model, plan=cli_plan(args), threads=args.threads, parts=("vocoder",))
     options = SynthesisOptions(first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
                                speed=args.speed)
     progress = Progress(args.quiet)
@@ -326,7 +328,7 @@ def run_voice_create(args) -> int:
     check_file(args.output, suffixes=(".voice",))
     if os.path.exists(args.output) and not args.force:
         raise InputError(f"-o {args.output}: exists; choose another name or pass --force to replace it")
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = tts.create_voice(args.ref_audio, ref_text=args.ref_text, name=args.name,
                              trailing_silence=args.trailing_silence)
     voice.save(args.output)

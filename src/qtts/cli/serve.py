@@ -7,7 +7,7 @@ import logging
 
 from ..errors import InputError
 from ..server.settings import SUPPORTED_FORMATS
-from .common import add_model, add_stderr_handler, command, number
+from .common import add_model, add_stderr_handler, cli_plan, command, number
 
 log = logging.getLogger(__name__)
 
@@ -129,21 +129,31 @@ def _load_engines(args, state) -> None:
 
     import qtts
 
+    from ..backends.cache import plan_label
+    from ..errors import InputError
+
     k, batch = args.max_concurrency, args.max_batch or 1
     threads = args.threads or (None if batch > 1 else max(1, (os.cpu_count() or 1) // k))
     try:
+        plan = cli_plan(args, (state.build_listener("the plan"),))  # a missing bundle is built first
         if batch > 1:  # one engine, one copy of the weights, every slot shares its batch
-            engines = qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads, max_batch=batch)
+            engines = qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, max_batch=batch)
         else:
-            engines = [qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+            engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+    except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
+        log.error("qtts: cannot load %s: %s", args.model, exc)
+        state.set_load_error(str(exc))
+        return
     except Exception as exc:  # reported by /health; the process keeps serving 503s
         log.exception("loading %s failed", args.model)
         state.set_load_error(f"{type(exc).__name__}: {exc}")
         return
     state.set_engine(engines)
     what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
-    log.info("model %s loaded (%s); ready", args.model, what)
-    print(f"qtts: model {args.model} loaded ({what}); ready", flush=True)  # stdout, beside "serving on"
+    first = engines if batch > 1 else engines[0]
+    label = plan_label(first.components.plan)
+    log.info("model %s loaded (%s); ready (plan %s)", args.model, what, label)
+    print(f"qtts: model {args.model} loaded ({what}); ready (plan {label})", flush=True)  # stdout, beside "serving on"
 
 
 def check_model(model: str) -> None:
@@ -185,6 +195,7 @@ def run(args) -> int:
     import importlib.util
     import threading
 
+    from ..backends.cache import TORCH, env_no_build, preset_name
     from ..errors import require
 
     require("fastapi", "serve", "qtts serve")
@@ -198,11 +209,13 @@ def run(args) -> int:
     _check_host(args.host)
     settings = _settings(args)
     check_model(args.model)
-    if args.plan:
+    if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
         from ..backends.plan import load_plan
 
         load_plan(args.plan)  # a missing or unreadable plan file: exit 2 before serving
     _access_log()
+    if args.no_build or env_no_build():  # nothing is built: a missing bundle fails now, exit 2
+        cli_plan(args)
     if args.ray:
         return _run_ray(args, settings)
     app = create_app(None, settings)
@@ -230,7 +243,9 @@ def _run_ray(args, settings) -> int:
         autoscale = (int(low), int(high))
     skip = {"port", "max_batch", "max_concurrency"}  # host stays: the origin policy names the bound address
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in skip}
-    config = RayConfig(model=args.model, plan=args.plan, dtype=args.dtype, threads=args.threads,
+    plan = cli_plan(args)  # built here, once, before any replica starts: every replica loads this bundle
+    plan = plan if isinstance(plan, str) else "torch"
+    config = RayConfig(model=args.model, plan=plan, dtype=args.dtype, threads=args.threads,
                        max_batch=args.max_batch or 8, replicas=args.replicas, autoscale=autoscale,
                        num_cpus=args.replica_cpus, settings=fields)  # fmt: skip
     print(f"qtts: Ray Serve on http://{args.host}:{args.port} ({config.replicas if autoscale is None else args.autoscale} "

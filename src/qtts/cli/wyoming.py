@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .common import add_model, command, number
+from .common import add_model, cli_plan, command, number
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,11 @@ def run(args) -> int:
     require("wyoming", "wyoming", "qtts wyoming")
     _check_uri(args.uri)
     settings = _settings(args)
+    from ..backends.cache import plan_label
+
     check_port_free(args.uri)
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
+    log.warning("qtts: model %s loaded, plan %s", args.model, plan_label(tts.components.plan))
     service = WyomingService(tts, settings)
     voices = service.catalog.voice_names()
     if not args.uri.startswith("stdio"):  # stdout carries the protocol on stdio://

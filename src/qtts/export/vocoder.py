@@ -98,21 +98,23 @@ def _weight_tensors(model):
                 yield attr.t, False
 
 
-def share_step_weights(directory: str, names: list[str]) -> dict:
+def share_step_weights(directory: str, names: list[str], data_name: str = SHARED_DATA,
+                       index_name: str | None = SHARED_INDEX) -> dict:
     """Move the weights of the step graphs ``names`` (files in ``directory``) into ONE file.
 
     Identical tensors (same type, shape and bytes) of different step sizes get one copy in
-    :data:`SHARED_DATA`; each graph points at it as ONNX external data. :data:`SHARED_INDEX`
-    maps every graph's initializer names to (dtype, shape, offset), so a runtime can map each
-    tensor once and hand the same buffer to every step session (docs/performance.md, RSS).
-    Returns the index. Deterministic: the same graphs give the same bytes.
+    ``data_name`` (:data:`SHARED_DATA`); each graph points at it as ONNX external data.
+    ``index_name`` (:data:`SHARED_INDEX`; None: not written) maps every graph's initializer names
+    to (dtype, shape, offset), so a runtime can map each tensor once and hand the same buffer to
+    every step session (docs/performance.md, RSS). A graph's own former ``<name>.data`` file is
+    removed. Returns the index. Deterministic: the same graphs give the same bytes.
     """
     onnx = require("onnx", "export", "ONNX export")
     from onnx import external_data_helper
 
     tensors: dict[str, dict] = {}
     graphs: dict[str, dict] = {}
-    tmp = temp_beside(os.path.join(directory, SHARED_DATA), ".tmp")
+    tmp = temp_beside(os.path.join(directory, data_name), ".tmp")
     with open(tmp, "wb") as data:
         for name in names:
             path = os.path.join(directory, name)
@@ -128,15 +130,19 @@ def share_step_weights(directory: str, names: list[str]) -> dict:
                                     "shape": list(t.dims), "offset": data.tell(), "length": len(t.raw_data)}  # fmt: skip
                     data.write(t.raw_data)
                 info = tensors[key]
-                external_data_helper.set_external_data(t, SHARED_DATA, info["offset"], info["length"])
+                external_data_helper.set_external_data(t, data_name, info["offset"], info["length"])
                 t.ClearField("raw_data")
                 t.data_location = onnx.TensorProto.EXTERNAL
                 if is_init:
                     graphs[name][t.name] = key
             onnx.save(model, path)
-    publish(tmp, os.path.join(directory, SHARED_DATA))
-    index = {"data": SHARED_DATA, "tensors": tensors, "graphs": graphs}
-    write_json(os.path.join(directory, SHARED_INDEX), index)  # temp file + rename
+    publish(tmp, os.path.join(directory, data_name))
+    for name in names:  # their weights now live in data_name
+        if os.path.exists(os.path.join(directory, name + ".data")) and name + ".data" != data_name:
+            os.unlink(os.path.join(directory, name + ".data"))
+    index = {"data": data_name, "tensors": tensors, "graphs": graphs}
+    if index_name is not None:
+        write_json(os.path.join(directory, index_name), index)  # temp file + rename
     return index
 
 

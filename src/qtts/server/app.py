@@ -60,6 +60,7 @@ class ServerState:
         self.engine = None
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
+        self.building: str | None = None  # "building plan 'fast', 42 % (talker)" while a bundle is built
         self._observer = None
         self.started = time.time()
         self._lock = threading.Lock()
@@ -91,9 +92,18 @@ class ServerState:
     def set_load_error(self, message: str) -> None:
         self.load_error = message
 
+    def build_listener(self, what: str):
+        """A :mod:`qtts.export.progress` listener: /health says how far the plan build is."""
+
+        def listen(percent: int, phase: str) -> None:
+            self.building = None if phase == "done" else f"building {what}, {percent} % ({phase})"
+
+        return listen
+
     def require_ready(self) -> None:
         if not self.ready:
-            why = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
+            why = f"model failed to load: {self.load_error}" if self.load_error else (
+                self.building or "model is still loading")
             raise ApiError(503, f"not ready: {why}; poll GET /health", "not_ready",
                            headers={"Retry-After": "5"})
 
@@ -104,6 +114,11 @@ class ServerState:
             value = getattr(e, attr, None)
             if isinstance(value, (str, int, float)):
                 info[attr] = value
+        plan = getattr(getattr(e, "components", None), "plan", None)
+        if plan is not None:
+            from ..backends.cache import plan_label
+
+            info["plan"] = plan_label(plan)
         info["speakers"] = engine_speakers(e)
         info["languages"] = engine_languages(e)
         return info
