@@ -21,8 +21,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
 from batch_util import TEXTS, request, voices  # noqa: E402
