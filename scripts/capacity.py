@@ -28,7 +28,6 @@ import ipaddress
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
