@@ -59,6 +59,7 @@ class StepContract:
     samples_per_frame: int
     inv_freq: tuple  # fp32 RoPE inverse frequencies (head_dim/2 values)
     num_quantizers: int = NUM_CODEBOOKS
+    streams: int = 1  # > 1: a stacked step (that many streams per call: StepVocoder.run_batch)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
