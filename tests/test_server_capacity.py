@@ -111,3 +111,12 @@ def test_capacity_gauges_report_the_margins_of_the_active_streams():
 def test_the_start_up_probe_measures_between_one_and_the_batch_size(engine):
     assert measure_capacity(engine, ProbeOptions(frames=4, rtf_limit=1e9)) == engine.max_batch
     assert measure_capacity(engine, ProbeOptions(frames=4, rtf_limit=0.0)) == 1  # at least one stream
+
+
+@pytest.mark.parametrize("kind,layout", [("base", "0.6b"), ("voice_design", "1.7b")])
+def test_the_probe_speaks_with_every_kind_of_checkpoint(tiny_snapshot, kind, layout):
+    tts = qtts.load(tiny_snapshot(kind=kind, layout=layout), threads=1, max_batch=2)
+    try:
+        assert measure_capacity(tts, ProbeOptions(frames=2, rtf_limit=1e9)) == 2
+    finally:
+        tts.close()

@@ -47,6 +47,8 @@ def _voice(tts) -> dict:
     cfg = tts.config
     if cfg.speakers:
         return {"speaker": cfg.speakers[0]}
+    if tts.model_type == "voice_design":
+        return {"instruct": "A calm, clear voice."}
     from ..voice import Voice
 
     dim = cfg.speaker_encoder.enc_dim if cfg.speaker_encoder is not None else cfg.talker.hidden_size
