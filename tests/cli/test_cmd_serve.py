@@ -22,7 +22,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("extra", [[], ["--max-batch", "3"]], ids=["engines", "batched"])
+@pytest.mark.parametrize("extra", [[], ["--max-batch", "3"], ["--max-batch", "3", "--capacity", "auto"]],
+                         ids=["engines", "batched", "capacity-auto"])
 def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -48,7 +49,11 @@ def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
                        timeout=60)
         assert r.status_code == 200 and len(r.content) == 4 * 3840
         health = httpx.get(url + "/health", timeout=5).json()
-        assert health["max_batch"] == (3 if extra else 1) and health["max_concurrency"] == (3 if extra else 1)
+        assert health["max_batch"] == (3 if extra else 1)
+        if "auto" in extra:  # measured at start-up: between 1 and the batch size, and served as such
+            assert 1 <= health["capacity"] <= 3 and health["max_concurrency"] == health["capacity"]
+        else:
+            assert health["max_concurrency"] == health["capacity"] == (3 if extra else 1)
         # --header-timeout reaches uvicorn: a silent connection gets 408 and is closed
         with socket.create_connection(("127.0.0.1", port), timeout=15) as silent:
             assert silent.recv(4096).startswith(b"HTTP/1.1 408 ")
@@ -71,6 +76,8 @@ def test_serve_subprocess(tiny_snapshot, tmp_path, extra):
                                   ["serve", "--model", "m", "--body-timeout", "-1"],
                                   ["serve", "--model", "m", "--max-connections", "0"],
                                   ["serve", "--model", "m", "--max-batch", "0"],
+                                  ["serve", "--model", "m", "--capacity", "0"],
+                                  ["serve", "--model", "m", "--capacity", "many"],
                                   ["serve", "--model", "m", "--max-batch", "2", "--max-concurrency", "2"],
                                   ["serve", "--model", "m", "--ray", "--max-concurrency", "2"],
                                   ["serve", "--model", "m", "--ray", "--autoscale", "many"],

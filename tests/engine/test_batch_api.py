@@ -176,3 +176,21 @@ def test_live_text_streams_share_the_batch_and_equal_alone(tiny_snapshot):
         assert chunks[-1].finish_reason == ref.finish_reason
     assert max(s.rows for s in steps) >= 2
     assert any(s.active > s.rows for s in steps)  # some steps left a stream out: it waited for text
+
+
+def test_batched_streams_vocode_on_the_shared_batcher_and_a_cancel_storm_leaves_nothing(parts):
+    tts = TTS(parts, max_batch=3)
+    xv, icl = voices(parts.config)
+    calls = []
+    tts.vocoder_batch.observer = calls.append
+    streams = [tts.stream(TEXTS[i % 4], voice=(xv, icl)[i % 2],
+                          options=SynthesisOptions(greedy=True, max_frames=40)) for i in range(6)]  # fmt: skip
+    firsts = _threads(lambda i: next(streams[i]), 6)
+    assert all(c.num_frames for c in firsts)
+    assert tts.vocoder_batch.active == 6 and calls  # every stream's vocoder runs on the batcher
+    for s in streams:
+        s.close()
+    assert tts.vocoder_batch.active == 0 and tts.batch.active + tts.batch.waiting <= 3
+    audio = tts.synthesize(TEXTS[0], voice=xv, options=SynthesisOptions(greedy=True, max_frames=4))
+    assert len(audio.samples) and tts.vocoder_batch.active == 0
+    tts.close()

@@ -178,8 +178,11 @@ class TorchVocoder(StepVocoder):
 
     exact_remainder = True
 
-    def __init__(self, decoder, main: int = 16, threads: int | None = None):
+    def __init__(self, decoder, main: int = 16, threads: int | None = None, stack_streams: bool = False):
+        """``stack_streams``: :meth:`run_batch` runs several streams' steps as one vectorized call
+        (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one."""
         self._torch = require("torch", "torch", "the torch vocoder")
+        self.stack_streams = bool(stack_streams)
         dtype = next(decoder.parameters()).dtype
         if dtype != self._torch.float32:
             raise InputError(
@@ -218,6 +221,21 @@ class TorchVocoder(StepVocoder):
             with torch.inference_mode():
                 args = (torch.from_numpy(codes), torch.from_numpy(freqs), torch.from_numpy(valid))
                 audio, cache = step(*args, torch.from_numpy(cache))
+        finally:
+            torch.set_num_threads(prev)
+        return audio.float().numpy(), cache.float().numpy()
+
+    def run_batch(self, size, codes, freqs, valid, cache):
+        if not self.stack_streams:
+            return super().run_batch(size, codes, freqs, valid, cache)
+        torch = self._torch
+        prev = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            with torch.inference_mode():
+                args = [torch.from_numpy(np.ascontiguousarray(x)) for x in (codes, freqs, valid, cache)]
+                audio, cache = torch.func.vmap(self.step(size))(*args)
         finally:
             torch.set_num_threads(prev)
         return audio.float().numpy(), cache.float().numpy()
@@ -314,11 +332,13 @@ def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> TorchBacke
 
 
 def open_vocoder(spec, ctx: OpenContext):
-    """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``."""
+    """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``,
+    ``stack_streams`` (a batched server vectorizes several streams' steps: see TorchVocoder)."""
     decoder = load_part(ctx, "decoder")
     if spec.options.get("mode", "step") == "full":
         return TorchFullVocoder(decoder)
-    return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads))
+    return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads),
+                        bool(spec.options.get("stack_streams", False)))
 
 
 OPENERS = {

@@ -62,6 +62,16 @@ def _component(name: str) -> str:
     return name
 
 
+def _streams(text: str) -> tuple:
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        values = ()
+    if not values or values[0] < 2:
+        raise argparse.ArgumentTypeError(f"expected stream counts >= 2 separated by commas, got {text!r}")
+    return values
+
+
 def _export_onnx_arguments(p) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("-o", "--output", required=True, help="bundle folder to write (new or empty)")
@@ -80,6 +90,8 @@ def _export_onnx_arguments(p) -> None:
                    help="frames per call of the vocoder step for the first chunk (default 1; 0: none)")
     p.add_argument("--chunk-frames", type=number(lo=0), default=8, metavar="B",
                    help="frames per call of the main vocoder step (default 8; 0: no vocoder)")
+    p.add_argument("--vocoder-streams", type=_streams, default=(), metavar="S,S",
+                   help="also stacked main vocoder steps for S streams per call (a batched server; e.g. 2,4)")
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
     p.add_argument("--no-batch-graphs", action="store_true", help="skip the batch graphs a batched engine runs "
                    "(qtts serve --max-batch); such a bundle steps concurrent streams one by one")
@@ -96,7 +108,7 @@ def run_export_onnx(args) -> int:
         talker=args.talker_weights or args.weights, predictor=args.predictor_weights or args.weights,
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
-        vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs,
+        vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs, vocoder_streams=args.vocoder_streams,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)

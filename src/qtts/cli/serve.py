@@ -25,15 +25,10 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=number(lo=1), metavar="N",
                    help="one engine steps up to N generations together (one copy of the weights); "
                    "instead of --max-concurrency (default 1; 8 per replica with --ray)")
-    ray = p.add_argument_group("Ray Serve scale-out (extra 'ray')")
-    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas of one batched "
-                     "engine each behind Ray's HTTP proxy on --host/--port")
-    ray.add_argument("--address", help="Ray cluster to join ('auto': the one `ray start --head` started here; "
-                     "default: start a local one for this command)")
-    ray.add_argument("--replicas", type=number(lo=1), default=1, help="replicas (default 1)")
-    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale between MIN and MAX replicas instead")
-    ray.add_argument("--replica-cpus", type=number(float, above=0), default=1.0,
-                     help="CPUs Ray reserves per replica (default 1)")
+    p.add_argument("--capacity", type=_capacity, metavar="N|auto",
+                   help="streams served at once so that each stays real-time; more wait in the queue "
+                   "(429 past --max-queue). 'auto': measured at start-up in a few seconds (default: every slot)")
+    _ray_arguments(p)
     p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
                    help="requests waiting for a worker before 429 (default 8)")
     p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
@@ -103,12 +98,31 @@ def _alias(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
 
 
+
+def _ray_arguments(p) -> None:
+    ray = p.add_argument_group("Ray Serve scale-out (extra 'ray')")
+    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas of one batched "
+                     "engine each behind Ray's HTTP proxy on --host/--port")
+    ray.add_argument("--address", help="Ray cluster to join ('auto': the one `ray start --head` started here; "
+                     "default: start a local one for this command)")
+    ray.add_argument("--replicas", type=number(lo=1), default=1, help="replicas (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale between MIN and MAX replicas instead")
+    ray.add_argument("--replica-cpus", type=number(float, above=0), default=1.0,
+                     help="CPUs Ray reserves per replica (default 1)")
+
+
+def _capacity(text: str):
+    if text == "auto":
+        return text
+    return number(lo=1)(text)
+
+
 def _settings(args):
     from ..server.settings import ServerSettings
 
     return ServerSettings(
         host=args.host, port=args.port, voices_dir=args.voices, max_concurrency=args.max_concurrency,
-        max_batch=args.max_batch or 1,
+        max_batch=args.max_batch or 1, capacity=args.capacity if isinstance(args.capacity, int) else None,
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
         default_response_format=args.default_format, voice_aliases=tuple(args.voice_alias),
@@ -148,11 +162,13 @@ def _load_engines(args, state) -> None:
         log.exception("loading %s failed", args.model)
         state.set_load_error(f"{type(exc).__name__}: {exc}")
         return
-    state.set_engine(engines)
+    capacity = _measured_capacity(engines) if args.capacity == "auto" else None
+    state.set_engine(engines, capacity=capacity)
     what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
     first = engines if batch > 1 else engines[0]
     label = plan_label(first.components.plan)
-    log.info("model %s loaded (%s); ready (plan %s)", args.model, what, label)
+    log.info("model %s loaded (%s); ready (plan %s); capacity %d streams", args.model, what, label,
+             state.scheduler.capacity)
     print(f"qtts: model {args.model} loaded ({what}); ready (plan {label})", flush=True)  # stdout, beside "serving on"
 
 
@@ -171,6 +187,21 @@ def check_model(model: str) -> None:
     elif not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", path):
         raise InputError(f"--model {model}: no such snapshot directory; pass a local Qwen3-TTS snapshot directory "
                          "or a hub id like Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+
+
+def _measured_capacity(engines) -> int | None:
+    """--capacity auto: the streams a batched engine holds in real time here (one engine per slot
+    otherwise: every slot)."""
+    if isinstance(engines, list):
+        log.warning("qtts: --capacity auto measures a batched engine (--max-batch); serving every slot")
+        return None
+    from ..server.capacity import measure_capacity
+
+    try:
+        return measure_capacity(engines)
+    except Exception:  # the probe is an estimate: serve every slot rather than not at all
+        log.exception("qtts: the capacity probe failed; serving every slot")
+        return None
 
 
 def _check_host(host: str) -> None:

@@ -51,6 +51,9 @@ class ExportOptions:
     #: first = 1: the 1-frame first chunk of SynthesisOptions (lowest time to first audio)
     vocoder_first: int = 1
     vocoder_main: int = 8
+    #: also stacked main vocoder steps for these stream counts (a batched server runs that many
+    #: streams' steps in one call: artifacts "main.s2", ...; bitwise equal to one by one); () = none
+    vocoder_streams: tuple = ()
     #: export only these components (default: all)
     components: tuple = COMPONENTS
     #: reuse the vocoder of another bundle (its plan entry, paths made relative to this bundle)
@@ -359,5 +362,9 @@ def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, 
         info = export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, name))
         artifacts[key] = name
         meta[key] = {k: info[k] for k in ("codes_length", "cache_size", "head_dim", "nodes") if k in info}
+        for streams in opts.vocoder_streams if key == "main" else ():  # a 1-frame stacked step is not bitwise
+            stacked = f"vocoder.b{b}.s{int(streams)}.onnx"
+            export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, stacked), streams=int(streams))
+            artifacts[f"{key}.s{int(streams)}"] = stacked
     share_step_weights(out, sorted(set(artifacts.values())))
     return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta

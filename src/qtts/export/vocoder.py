@@ -42,12 +42,12 @@ def load_decoder(model):
     return ckpt.speech_tokenizer.decoder.float().eval()
 
 
-def step_contract(step) -> StepContract:
+def step_contract(step, streams: int = 1) -> StepContract:
     cfg = step.decoder.config
     return StepContract(
         codes_length=step.codes_length, cache_size=step.cache_size, head_dim=cfg.head_dim,
         kv_slots=step.layout.kv_slots, samples_per_frame=step.samples_per_frame,
-        inv_freq=tuple(float(x) for x in step.inv_freq()), num_quantizers=cfg.num_quantizers,
+        inv_freq=tuple(float(x) for x in step.inv_freq()), num_quantizers=cfg.num_quantizers, streams=int(streams),
     )  # fmt: skip
 
 
@@ -63,17 +63,27 @@ def example_args(step) -> tuple:
     )
 
 
-def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
-    """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report."""
+def export_vocoder_onnx(model, codes_length: int, out: str, streams: int = 1) -> dict:
+    """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report.
+
+    ``streams`` > 1: a stacked step (:class:`~qtts.model.vocoder_step.StackedVocoderStep`) that runs
+    that many streams' steps in one call (a batched server's ``run_batch``; bitwise equal to the
+    one-stream step on onnxruntime CPU)."""
     require("torch", "export", "exporting the vocoder")
-    from ..model.vocoder_step import VocoderStep
+    from ..model.vocoder_step import StackedVocoderStep, VocoderStep
 
     if int(codes_length) < 1:
         raise InputError(f"--codes-length must be >= 1, got {codes_length}")
-    step = VocoderStep(load_decoder(model), int(codes_length)).eval()
-    contract = step_contract(step)
+    if int(streams) < 1:
+        raise InputError(f"streams must be >= 1, got {streams}")
+    kind = StackedVocoderStep if int(streams) > 1 else VocoderStep
+    step = kind(load_decoder(model), int(codes_length)).eval()
+    contract = step_contract(step, streams)
+    args = example_args(step)
+    if int(streams) > 1:
+        args = tuple(a[None].repeat(int(streams), *([1] * a.dim())) for a in args)
     out = export_single_file(
-        step, example_args(step), out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
+        step, args, out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
     )
     report = graph_report(out)
     report.update(path=out, codes_length=step.codes_length, cache_size=contract.cache_size,

@@ -22,7 +22,7 @@ from fastapi.responses import PlainTextResponse
 
 from .. import __version__
 from .errors import ERROR_RESPONSES, ApiError, install_error_handlers
-from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer
+from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer, capacity_gauges
 from .middleware import AccessMiddleware
 from .settings import ServerSettings
 from .voices import VoiceStore, engine_languages, engine_speakers
@@ -69,9 +69,12 @@ class ServerState:
     def ready(self) -> bool:
         return self.scheduler is not None
 
-    def set_engine(self, engine) -> None:
-        """Install the loaded engine(s); the server is ready afterwards. Callable from any thread."""
-        slots = make_slots(engine, self.settings.slots)
+    def set_engine(self, engine, capacity: int | None = None) -> None:
+        """Install the loaded engine(s); the server is ready afterwards. Callable from any thread.
+        ``capacity``: streams held in real time, as measured at start-up (else the settings')."""
+        slots = self.settings.slots if capacity is None else min(capacity, max(self.settings.max_concurrency,
+                                                                               self.settings.max_batch))
+        slots = make_slots(engine, slots)[:slots]
         with self._lock:
             self.scheduler = Scheduler(slots, self.settings.max_queue, self.settings.queue_timeout_s,
                                        self.metrics)
@@ -141,7 +144,8 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         sched = state.scheduler
         return {"status": "ok", "model": state.model_info(), "uptime_s": round(time.time() - state.started, 1),
                 "max_concurrency": sched.capacity, "in_flight": sched.in_flight, "queue_depth": sched.queue_depth,
-                "max_queue": sched.max_queue, **_batch_health(state.engine)}
+                "max_queue": sched.max_queue, **_batch_health(state.engine),
+                **capacity_gauges(state.metrics, sched, state.engine)}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -149,6 +153,7 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         if state.scheduler is not None:
             state.metrics.queue_depth.set(state.scheduler.queue_depth)
             state.metrics.in_flight.set(state.scheduler.in_flight)
+            capacity_gauges(state.metrics, state.scheduler, state.engine)
         return PlainTextResponse(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)

@@ -23,6 +23,9 @@ class ServerSettings:
     #: > 1: one batched engine (qtts.engine.batching) steps up to this many generations together, and this
     #: many run at once (instead of max_concurrency engines, each a copy of the weights)
     max_batch: int = 1
+    #: streams served at once, so that each stays real-time (``qtts serve --capacity N``, or measured
+    #: at start-up with ``--capacity auto``); more wait in the queue. None: every slot
+    capacity: int | None = None
     #: requests allowed to wait for a worker; one more gets 429 with Retry-After
     max_queue: int = 8
     #: a request that waited this long for a worker gets 503 (the client gave up by then anyway)
@@ -93,6 +96,8 @@ class ServerSettings:
         if self.max_batch > 1 and self.max_concurrency > 1:
             raise InputError(f"max_batch={self.max_batch} and max_concurrency={self.max_concurrency}: use one "
                              "batched engine (--max-batch) or several engines (--max-concurrency), not both")
+        if self.capacity is not None and self.capacity < 1:
+            raise InputError(f"capacity={self.capacity}: must be >= 1")
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
         for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections",
@@ -134,5 +139,7 @@ class ServerSettings:
 
     @property
     def slots(self) -> int:
-        """Generations running at once: the batch size of one batched engine, or one per engine."""
-        return max(self.max_concurrency, self.max_batch)
+        """Generations running at once: the batch size of one batched engine, or one per engine
+        (at most ``capacity``)."""
+        slots = max(self.max_concurrency, self.max_batch)
+        return slots if self.capacity is None else min(slots, self.capacity)
