@@ -9,9 +9,17 @@ The mix: wav / pcm / opus streams; every 5th request disconnects after its first
 audio of the expected length is an error. RSS (psutil) is sampled over time; growth is measured
 from the end of the warm-up to the end of the run.
 
+Good clients' time to first audio and real-time factor (request wall time / audio seconds) are
+reported as p50/p95. ``--attackers`` adds one hostile client of each kind of the 2026-12-01
+probe (``scripts/soak_attackers.py``: stalled readers, idle holders, message and ping floods,
+tiny deltas, many sockets, other origins, voice-directory churn, bad JSON, and with a local
+server a Wyoming service on its own engine with a stalled reader and malformed events), each
+cycling until the end; an attack whose outcome is not the documented one counts as an error.
+
 Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb``; 1 otherwise.
 
     .venv/bin/python scripts/soak.py --duration 60 --streams 8
+    .venv/bin/python scripts/soak.py --duration 600 --streams 4 --attackers
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def parse_args(argv=None):
                    help="fraction of the run's wall time before the RSS baseline (default 0.2)")
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
     p.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples")
+    p.add_argument("--attackers", action="store_true", help="add one hostile client of each kind (docstring)")
     p.add_argument("--json", help="write the report as JSON here")
     return p.parse_args(argv)
 
@@ -85,10 +94,47 @@ def start_local(args):
         engines = [qtts.load(model, threads=1) for _ in range(args.workers)]
         slots = {"max_concurrency": args.workers}
     settings = ServerSettings(max_queue=4 * args.streams, max_frames=args.max_frames, chunk_frames=4,
-                              access_log=False, **slots)
+                              access_log=False, voices_dir=tempfile.mkdtemp(prefix="qtts-soak-voices-"), **slots)
     srv = ServerThread(create_app(engines, settings)).start()
     one = engines if args.max_batch > 1 else engines[0]
-    return srv.url, srv.stop, one.speakers
+    stop = srv.stop
+    if args.attackers:
+        srv.wyoming_port, stop_wyoming = start_wyoming(model, args.max_frames)
+        stop = lambda: (stop_wyoming(), srv.stop())  # noqa: E731
+    srv.app_voices = settings.voices_dir
+    args.local = srv
+    return srv.url, stop, one.speakers
+
+
+def start_wyoming(model: str, max_frames: int):
+    """(port, stop) of a Wyoming service on its own engine, on a loop in a thread (for the attackers)."""
+    import asyncio
+    import socket
+
+    import qtts
+    from qtts.wyoming import WyomingService, WyomingSettings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    service = WyomingService(qtts.load(model, threads=1), WyomingSettings(max_frames=max_frames))
+    loop, ready = asyncio.new_event_loop(), threading.Event()
+    holder = {}
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        holder["server"] = loop.run_until_complete(service.start(f"tcp://127.0.0.1:{port}"))
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, name="soak-wyoming", daemon=True).start()
+    ready.wait(60)
+
+    def stop():
+        asyncio.run_coroutine_threadsafe(holder["server"].stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return port, stop
 
 
 class Soak:
@@ -97,6 +143,8 @@ class Soak:
         self.lock = threading.Lock()
         self.count = 0
         self.stats = {"ok": 0, "disconnected": 0, "rejected_as_expected": 0, "errors": 0}
+        self.ttfa: list[float] = []  # good clients' seconds to the first audio bytes
+        self.rtf: list[float] = []  # good clients' request wall time / audio seconds
         self.errors: list[str] = []
         self.deadline = time.monotonic() + args.duration
 
@@ -121,14 +169,22 @@ class Soak:
             r = client.post("/v1/audio/speech", json={**body, "voice": "no-such-voice"})
             ok = r.status_code == 404 and "error" in r.json()
             return self.record("rejected_as_expected" if ok else "errors", None if ok else f"#{i}: {r.status_code}")
+        t0 = time.perf_counter()
         with client.stream("POST", "/v1/audio/speech", json=body) as r:
             if r.status_code != 200:
                 return self.record("errors", f"#{i}: status {r.status_code} {r.read()[:200]!r}")
             if i % 5 == 0:
                 next(r.iter_raw())
                 return self.record("disconnected")
-            data = r.read()
+            data, first = b"", None
+            for chunk in r.iter_raw():
+                first = first or time.perf_counter() - t0
+                data += chunk
+        wall = time.perf_counter() - t0
         n = self._samples(data, fmt)
+        with self.lock:
+            self.ttfa.append(first or wall)
+            self.rtf.append(wall / max(n / 24000, 1e-3))
         if fmt != "opus" and n % 1920:
             return self.record("errors", f"#{i}: {n} samples is not whole frames")
         if not 0 < n <= self.args.max_frames * 1920 + 2000:
@@ -183,6 +239,15 @@ def run(args) -> dict:
     sampler = threading.Thread(target=sample_rss, args=(proc, samples, stop, t0, args.sample_every)) if proc else None
     if sampler:
         sampler.start()
+    attackers = None
+    if args.attackers:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from soak_attackers import run_process
+
+        local = getattr(args, "local", None)
+        host, port = urlparse(url).hostname, urlparse(url).port
+        attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
+                                wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
     clients = [threading.Thread(target=soak.client_loop) for _ in range(args.streams)]
     for c in clients:
         c.start()
@@ -190,6 +255,11 @@ def run(args) -> dict:
         c.join()
     wall = time.monotonic() - t0
     stop.set()
+    attacks = {}
+    if attackers is not None:
+        attacks = attackers()
+        for kind in attacks["unexpected_samples"]:
+            soak.record("errors", f"attack {kind}: not the documented outcome")
     if sampler:
         sampler.join()
     health = httpx.get(url + "/health").json()
@@ -209,7 +279,16 @@ def run(args) -> dict:
     return {"url": url, "streams": args.streams, "duration_s": round(wall, 1), "requests": soak.count,
             **soak.stats, "error_samples": soak.errors, "rss_mb": [(t, round(r, 1)) for t, r in samples],
             "rss_baseline_mb": None if baseline is None else round(baseline, 1),
-            "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb}
+            "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb,
+            **_percentiles("ttfa_s", soak.ttfa), **_percentiles("rtf", soak.rtf), **attacks}
+
+
+def _percentiles(name: str, values: list[float]) -> dict:
+    if not values:
+        return {}
+    v = sorted(values)
+    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 3)  # noqa: E731
+    return {f"{name}_p50": pick(0.5), f"{name}_p95": pick(0.95)}
 
 
 def main(argv=None) -> int:
@@ -223,6 +302,11 @@ def main(argv=None) -> int:
           f"rejected as expected {report['rejected_as_expected']}, errors {report['errors']}")
     for e in report["error_samples"]:
         print("  error:", e)
+    if "ttfa_s_p50" in report:
+        print(f"soak: good clients: first audio p50 {report['ttfa_s_p50']} s, p95 {report['ttfa_s_p95']} s; "
+              f"RTF p50 {report['rtf_p50']}, p95 {report['rtf_p95']}")
+    if "attacks" in report:
+        print(f"soak: attacks {report['attacks']}, not the documented outcome: {report['unexpected']}")
     if report["rss_mb"]:
         print("soak: RSS MB over time:", " ".join(f"{t}s={r}" for t, r in report["rss_mb"]))
         print(f"soak: RSS growth after warm-up {report['rss_growth_mb']} MB (bound {args.rss_bound_mb} MB)")

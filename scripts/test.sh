@@ -48,12 +48,12 @@ if [ $need_chromium = 1 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
-# gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/official.py).
+# gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/support/official.py).
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1
 if [ -f scripts/setup_rknn_env.sh ]; then
   bash scripts/setup_rknn_env.sh
 fi
-# ExecuTorch 1.5.1 + torchao (~1.5 GB, 1-5 min): tests/test_executorch.py drives .venv-et/bin/python
+# ExecuTorch 1.5.1 + torchao (~1.5 GB, 1-5 min): tests/backends/test_executorch.py drives .venv-et/bin/python
 if [ -f scripts/setup_executorch_env.sh ]; then
   bash scripts/setup_executorch_env.sh
 fi

@@ -1,4 +1,6 @@
-"""Shared test fixtures (owned by the core engine; keep this API stable).
+"""Shared test fixtures (owned by the core engine; keep this API stable). Test modules live in one
+folder per concept (tests/text, engine, audio, model, backends, export, parity, server, cli, tools,
+api, repo); what they share lives in tests/support/ (the one fake engine: support/fakes.py).
 
 Constants
     ``REPO_ROOT``            the checkout.
@@ -21,6 +23,8 @@ Fixtures (session scope; results are cached per argument set)
     ``eos_snapshot(kind="base", layout="0.6b") -> str``
         Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
         generation reaches EOS by itself some frames after the text is used up.
+    ``snapshot``  -> ``tiny_snapshot(kind="custom_voice")``: the default checkpoint of module tests
+        (tests/backends/test_qnn.py overrides it with the Base one).
     ``one_thread`` (module scope)
         torch at one intra-op thread for the module, restored after it: tiny models and small
         per-step tensors lose more to thread hand-offs than they gain on the 2-core CI machine.
@@ -30,6 +34,12 @@ Fixtures (session scope; results are cached per argument set)
         The underlying ``Qwen3TTSForConditionalGeneration`` is ``.model``, its speech tokenizer
         ``.model.speech_tokenizer``. Treat it as read-only (shared by every test).
 
+Environment (set at import, so subprocesses the tests start inherit it)
+    ``QTTS_CACHE``  a fresh temporary folder per session: no test reads or writes ``~/.cache/qtts``.
+    ``QTTS_PLAN=torch`` unless already set: a load with no plan runs the torch fp32 reference, which
+        is what the tests that load a tiny checkpoint without a plan compare against (parity, codes,
+        audio). The tests of the automatic plan (``tests/backends/test_plan_cache.py``) unset it.
+
 Markers
     ``@pytest.mark.slow`` tests (full-size checks, minutes and GBs of RAM) are deselected unless the
     ``-m`` expression names ``slow`` (e.g. ``pytest -m slow`` or ``-m "parity or slow"``); CI runs the rest.
@@ -37,13 +47,21 @@ Markers
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_ROOTS = (os.path.join(REPO_ROOT, "tests", "data", "reference"), os.path.join(REPO_ROOT, "src", "qtts", "data"))
 REAL_TOKENIZER_DIR = os.path.join(REFERENCE_ROOTS[0], "configs", "text-tokenizer-qwen2")
+
+_CACHE = tempfile.mkdtemp(prefix="qtts-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, True)
+os.environ["QTTS_CACHE"] = _CACHE
+os.environ.setdefault("QTTS_PLAN", "torch")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -90,6 +108,12 @@ def tiny_snapshot(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def snapshot(tiny_snapshot):
+    """The tiny CustomVoice snapshot (real tokenizer, seed 0): the default checkpoint of module tests."""
+    return tiny_snapshot(kind="custom_voice")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     import torch
@@ -117,7 +141,7 @@ def real_tts(tiny_snapshot):
 def official_tts():
     import torch
 
-    import official
+    from support import official
 
     cache: dict[str, object] = {}
 

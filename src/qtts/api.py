@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
          parts=None, max_batch: int = 1) -> TTS:
-    """Load a snapshot dir or hub id; ``plan`` (path, dict or Plan) picks runtimes per component.
+    """Load a snapshot dir or hub id; ``plan`` picks runtimes per component: None = the default
+    preset (an ONNX bundle built once per checkpoint and cached, :mod:`qtts.backends.cache`),
+    ``"torch"`` = the fp32 reference, a preset name, or a plan path / dict / Plan.
 
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
     builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
@@ -56,8 +58,8 @@ class TTS:
     """A loaded Qwen3-TTS model over its :class:`~qtts.backends.Components`; see :attr:`thread_safe`.
 
     With ``max_batch`` > 1 (default: ``components.max_batch``) every :meth:`stream` call, from any
-    thread, joins one :class:`~qtts.engine.batching.BatchEngine` that steps all active streams together;
-    each call's vocoder still runs on the calling thread.
+    thread, joins one :class:`~qtts.engine.batching.BatchEngine` that steps all active streams together,
+    and their vocoder steps run on one :class:`~qtts.backends.vocoder_batch.VocoderBatcher` thread.
     """
 
     def __init__(self, components, max_batch: int | None = None):
@@ -65,6 +67,7 @@ class TTS:
         self.config = components.config
         self.max_batch = int(max_batch or getattr(components, "max_batch", 1) or 1)
         self._batch = None
+        self._vocoder_batch = None
         self._batch_lock = threading.Lock()
         self._codec: str | None = None
 
@@ -121,12 +124,30 @@ class TTS:
                 self._batch = BatchEngine(self.components.backend, self.max_batch)
             return self._batch
 
+    @property
+    def vocoder_batch(self):
+        """The shared :class:`~qtts.backends.vocoder_batch.VocoderBatcher` (started on first use), or
+        None when ``max_batch`` is 1 or the vocoder is not a fixed-step one."""
+        vocoder = self.components.vocoder
+        if self.max_batch <= 1 or not hasattr(vocoder, "run_batch"):
+            return None
+        with self._batch_lock:
+            if self._vocoder_batch is None:
+                from .backends.vocoder_batch import VocoderBatcher
+
+                self._vocoder_batch = VocoderBatcher(vocoder, self.max_batch)
+            return self._vocoder_batch
+
     def close(self) -> None:
-        """Stop the batch engine's thread (running streams end 'cancelled'); idempotent."""
+        """Stop the batch engine's and the vocoder batcher's threads (running streams end
+        'cancelled'); idempotent."""
         with self._batch_lock:
             engine, self._batch = self._batch, None
+            vocoders, self._vocoder_batch = self._vocoder_batch, None
         if engine is not None:
             engine.close()
+        if vocoders is not None:
+            vocoders.close()
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,
@@ -250,10 +271,16 @@ class TTS:
                              f"or parts that include '{part}'")
 
     def _vocoder(self, prime):
-        """A fresh vocoder stream, primed with ICL reference codes (their audio is discarded)."""
-        vocoder = self.components.vocoder.stream()
+        """A fresh vocoder stream (of the shared batcher when batched), primed with ICL reference codes
+        (their audio is discarded)."""
+        batcher = self.vocoder_batch
+        vocoder = batcher.stream() if batcher is not None else self.components.vocoder.stream()
         if prime is not None and len(prime):
-            vocoder.decode(prime)
+            try:
+                getattr(vocoder, "prime", vocoder.decode)(prime)
+            except BaseException:
+                _release(vocoder)
+                raise
         return vocoder
 
     def _pieces(self, text: str, options: SynthesisOptions) -> list[str]:
@@ -301,7 +328,10 @@ class TTS:
             source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
         else:
             source = frames(options.cancel)
-        yield from chunks(source, chunker, stats, first_decoded=first_decoded)
+        try:
+            yield from chunks(source, chunker, stats, first_decoded=first_decoded)
+        finally:
+            _release(chunker.vocoder)
 
     def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
         """:meth:`stream_text`'s body: the frames of every talker context a :class:`~qtts.text.live.TextFeed`
@@ -341,7 +371,18 @@ class TTS:
             yield from chunks(frames(), chunker, stats, waiting=lambda: current[0].waiting())
         finally:
             feed.cancel()  # stops the reader thread (if any) after its piece in flight
+            _release(chunker.vocoder)
 
     def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
         chunker = Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
-        yield from chunks(iter(codes), chunker, StreamStats())
+        try:
+            yield from chunks(iter(codes), chunker, StreamStats())
+        finally:
+            _release(chunker.vocoder)
+
+
+def _release(vocoder) -> None:
+    """Give a batched vocoder stream's place back (plain streams have no ``close``)."""
+    close = getattr(vocoder, "close", None)
+    if close is not None:
+        close()

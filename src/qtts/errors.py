@@ -30,5 +30,31 @@ def require(module: str, extra: str, what: str = ""):
         purpose = f" for {what}" if what else ""
         raise MissingDependencyError(
             f"'{module}' is needed{purpose} but is not installed; "
-            f"install it with: pip install 'qtts[{extra}]'"
+            f"install it with: {install_hint(extra)}"
         ) from exc
+
+
+#: the extra that provides each optional top-level module (pyproject.toml)
+EXTRAS = {"torch": "torch", "onnx": "export", "onnx_ir": "export", "onnxscript": "export", "fastapi": "serve",
+          "uvicorn": "serve", "websockets": "serve", "multipart": "serve", "python_multipart": "serve",
+          "wyoming": "wyoming", "huggingface_hub": "hub", "ray": "ray", "matplotlib": "plot"}
+
+
+def install_hint(extra: str) -> str:
+    """The install command of an extra. qtts is not on PyPI: it installs from its checkout."""
+    return f'pip install -e ".[{extra}]" (in the qtts checkout)'
+
+
+def missing_module_message(exc: ImportError, extra: str | None = None, bundle: bool = False) -> str | None:
+    """One line for an ImportError of an optional module (``import torch`` on a core-only
+    install), naming the extra that provides it (``extra``: the one a command needs, when it
+    needs more than that module); None for any other ImportError (a bug). ``bundle``: the command
+    also runs an exported ONNX bundle, which needs no torch."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if name not in EXTRAS:
+        return None
+    extra = extra or EXTRAS[name]
+    need = "PyTorch" if name == "torch" else f"'{name}'"
+    also = (" (or run an exported ONNX bundle, which needs no torch: --plan BUNDLE/plan.json)"
+            if name == "torch" and bundle else "")
+    return f"{need} is needed for this command but is not installed; install it with: {install_hint(extra)}{also}"

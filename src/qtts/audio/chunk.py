@@ -133,16 +133,36 @@ class AudioWriter:
 
     def write(self, samples: np.ndarray) -> None:
         if self._sf is not None:
-            self._sf.write(np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0))
+            try:
+                self._sf.write(np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0))
+            except RuntimeError as exc:  # soundfile.LibsndfileError: "System error." on a full disk
+                raise self._io_error(exc) from None
             return
         data = float_to_int16(samples).tobytes()
         self._fh.write(data)
         self._fh.flush()
         self._data_bytes += len(data)
 
+    def _io_error(self, exc: Exception) -> OSError:
+        """libsndfile says only "System error." when a write fails: ENOSPC when the disk has
+        (almost) no room left, else EIO with libsndfile's words."""
+        import errno
+
+        try:
+            st = os.statvfs(os.path.dirname(os.path.abspath(self._tmp)))
+            full = st.f_bavail * st.f_frsize < 1 << 20
+        except OSError:
+            full = False
+        if full:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        return OSError(errno.EIO, f"cannot write the audio ({exc})", self.path)
+
     def close(self) -> None:
         if self._sf is not None:
-            self._sf.close()
+            try:
+                self._sf.close()
+            except RuntimeError as exc:
+                raise self._io_error(exc) from None
         else:
             if self.fmt == "wav":
                 self._fh.seek(0)
@@ -151,7 +171,10 @@ class AudioWriter:
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        (self._sf if self._sf is not None else self._fh).close()
+        try:
+            (self._sf if self._sf is not None else self._fh).close()
+        except (OSError, RuntimeError):  # the write that failed fails again as it flushes: the file goes anyway
+            pass
         if os.path.exists(self._tmp):
             os.unlink(self._tmp)
 

@@ -77,15 +77,45 @@ def save_codes(path: str, codes, prime=None, codec: str | None = None) -> None:
             np.savez(fh, **arrays)
 
 
+#: what a file that is not a codes file most likely is, by its first bytes
+_AUDIO_MAGIC = ((b"RIFF", "WAV audio"), (b"fLaC", "FLAC audio"), (b"OggS", "Ogg audio"), (b"ID3", "MP3 audio"))
+
+
+def _check_magic(path: str) -> None:
+    """Refuse a file that is neither .npy (``\\x93NUMPY``) nor .npz (a zip) by its first bytes,
+    naming what it looks like (numpy's own message talks about pickles)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except (FileNotFoundError, IsADirectoryError):
+        return  # np.load's handlers below name these
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror})") from None
+    if head.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):
+        return
+    kind = next((what for magic, what in _AUDIO_MAGIC if head.startswith(magic)), None)
+    if kind is None and head[:2] and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:
+        kind = "MP3 audio"
+    what = f"it is {kind}, not codes" if kind else "it is not a .npy or .npz file"
+    raise InputError(f"{path}: {what}; qtts decode takes codec frames saved by qtts say --codes-out (.npz) or an "
+                     "integer [frames, 16] .npy (to speak a text, use qtts say)")
+
+
 def load_codes(path: str, codebook_size: int = CODEBOOK_SIZE) -> CodesFile:
     """``(codes, prime, codec)`` from an ``.npy`` / ``.npz`` codes file (None where it has none)."""
+    _check_magic(path)
     try:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory; give a .npy or .npz codes file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise InputError(f"{path}: holds Python objects, not integer codes; save the codes as an integer "
+                             "[frames, 16] array (np.save) or with qtts say --codes-out") from None
+        raise InputError(f"{path}: not a readable .npy or .npz codes file ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise InputError(f"{path}: not a readable .npy or .npz codes file ({exc})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         return CodesFile(check_codes(data, path, codebook_size), None, None)

@@ -65,7 +65,9 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
          backend: Backend | None = None, parts=None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
-    ``plan``: None, a path, a dict or a :class:`~qtts.backends.plan.Plan`; ``threads``: None picks
+    ``plan``: None (the default preset, built and cached when missing), ``"torch"``, a preset name,
+    a path, a dict or a :class:`~qtts.backends.plan.Plan` (:func:`qtts.backends.cache.resolve_plan`);
+    ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
     of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
@@ -73,12 +75,13 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     """
     from ..text.tokenizer import TextTokenizer
     from .bundle import check_plan_source
+    from .cache import resolve_plan
     from .plan import load_plan
 
     want = _wanted(parts)
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
-    plan = load_plan(plan)
+    plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
     if plan.path is not None:  # a plan file: its bundle (if any) must come from this checkpoint
         check_plan_source(plan, snapshot)
     if int(max_batch) < 1:

@@ -105,8 +105,8 @@ class OnnxBackend:
         self.threads = threads
         self.meta = meta
         load = lambda key: np.load(artifacts[key], mmap_mode="r")  # noqa: E731
-        self.text_table = load("text_embedding")
-        self.codec_table = np.ascontiguousarray(load("codec_embedding"))
+        self.text_table = load("text_embedding")  # fp32 or fp16 (rows are cast when gathered)
+        self.codec_table = np.ascontiguousarray(load("codec_embedding"))  # mapped, fp32 or fp16 (cast per row)
         self.predictor_tables = np.ascontiguousarray(load("predictor_codec_embedding"))
         self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
         self.hidden_size = int(self.codec_table.shape[1])
@@ -126,7 +126,7 @@ class OnnxBackend:
         return self.text_proj.run(None, {"rows": rows})[0]
 
     def codec_embeds(self, ids: np.ndarray) -> np.ndarray:
-        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)]
+        return self.codec_table[np.asarray(ids, dtype=np.int64).reshape(-1)].astype(np.float32, copy=False)
 
     def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, NUM_CODEBOOKS)
@@ -157,10 +157,24 @@ class OnnxBackend:
             return self._predict_fused(hidden, code0, sampler.params, uniforms)
         return self._predict_steps(hidden, code0, sampler, uniforms)
 
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``; None when the
+        graph has no logits output (step mode, bundles exported before it had one)."""
+        names = {o.name for o in self.predictor_sess.get_outputs()}
+        if self.predictor_mode != "frame" or "logits" not in names:
+            return None
+        feeds = self._fused_feeds(hidden, code0, sampler.params, uniforms)
+        codes, logits = self.predictor_sess.run(["codes", "logits"], feeds)
+        return codes.astype(np.int64), logits
+
     def _predict_fused(self, hidden, code0, params, uniforms) -> np.ndarray:
+        feeds = self._fused_feeds(hidden, code0, params, uniforms)
+        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
+
+    def _fused_feeds(self, hidden, code0, params, uniforms) -> dict:
         vocab = int(self.predictor_tables.shape[1])
         top_k = int(params.top_k) if params.top_k else vocab
-        feeds = {
+        return {
             "hidden": np.asarray(hidden, dtype=np.float32).reshape(1, -1),
             "code0": np.array([int(code0)], dtype=np.int64),
             "uniforms": np.asarray(uniforms, dtype=np.float32).reshape(PREDICTOR_STEPS),
@@ -169,7 +183,6 @@ class OnnxBackend:
             "top_p": np.array([1.0 if params.top_p is None else params.top_p], dtype=np.float32),
             "do_sample": np.array([bool(params.do_sample)]),
         }
-        return self.predictor_sess.run(["codes"], feeds)[0].astype(np.int64)
 
     def _predict_steps(self, hidden, code0, sampler, uniforms) -> np.ndarray:
         p = self.meta["predictor"]
@@ -260,10 +273,12 @@ class SharedWeights:
 
 
 class OnnxVocoder(StepVocoder):
-    """onnxruntime sessions of the ``main`` and optional ``first`` vocoder step graphs (built once)."""
+    """onnxruntime sessions of the ``main`` and optional ``first`` vocoder step graphs (built once),
+    and of optional ``stacked`` steps (several streams per call, for :meth:`run_batch`)."""
 
-    def __init__(self, main: str, first: str | None = None, threads: int | None = None, session_factory=None):
-        paths = [main] + ([first] if first else [])
+    def __init__(self, main: str, first: str | None = None, threads: int | None = None, session_factory=None,
+                 stacked: tuple = ()):  # fmt: skip
+        paths = [main] + ([first] if first else []) + list(stacked)
         self.shared = None if session_factory else SharedWeights.find(paths)
         shared = self.shared
         make = session_factory or (
@@ -271,13 +286,33 @@ class OnnxVocoder(StepVocoder):
         sessions = {p: make(p) for p in paths}
         contracts = {p: session_contract(s, p) for p, s in sessions.items()}
         self.contract = pair_contracts(contracts, main)
-        self.sessions = {contracts[p].codes_length: s for p, s in sessions.items()}
+        self.sessions = {contracts[p].codes_length: s for p, s in sessions.items() if contracts[p].streams == 1}
+        self.stacked = {(c.codes_length, c.streams): sessions[p] for p, c in contracts.items() if c.streams > 1}
         self.sizes = sorted(self.sessions, reverse=True)
 
     def run(self, size, codes, freqs, valid, cache):
         feeds = dict(zip(STEP_INPUTS, (codes, freqs, valid, cache)))
         audio, cache = self.sessions[size].run(list(STEP_OUTPUTS), feeds)
         return audio, cache
+
+    def run_batch(self, size, codes, freqs, valid, cache):
+        """The stacked steps of ``size`` in as few calls as the stacked graphs allow (largest first),
+        the rest one by one; bitwise the same either way on the CPU."""
+        counts = sorted((s for b, s in self.stacked if b == size), reverse=True)
+        if not counts:
+            return super().run_batch(size, codes, freqs, valid, cache)
+        audio, caches, i, n = [], [], 0, len(codes)
+        while i < n:
+            s = next((c for c in counts if c <= n - i), 1)
+            if s == 1:
+                a, c = self.run(size, codes[i], freqs[i], valid[i], cache[i])
+            else:
+                feeds = dict(zip(STEP_INPUTS, (codes[i : i + s], freqs[i : i + s], valid[i : i + s], cache[i : i + s])))
+                a, c = self.stacked[(size, s)].run(list(STEP_OUTPUTS), feeds)
+            audio.append(np.asarray(a, dtype=np.float32).reshape(s, -1))
+            caches.append(np.asarray(c, dtype=np.float32).reshape(s, -1))
+            i += s
+        return np.concatenate(audio), np.concatenate(caches)
 
 
 def session_contract(session, path: str) -> StepContract:
@@ -292,10 +327,11 @@ def session_contract(session, path: str) -> StepContract:
     if "qtts.step_contract" not in meta:
         raise InputError(f"{path}: no qtts.step_contract metadata; re-export it with `qtts export vocoder`")
     contract = StepContract.from_dict(json.loads(meta["qtts.step_contract"]), path)
+    lead = [contract.streams] if contract.streams > 1 else []  # a stacked step: a stream axis first
     shape_ok = (
-        dims["audio_codes"] == [1, contract.num_quantizers, contract.codes_length]
-        and dims["freqs_in"] == [contract.codes_length, contract.head_dim // 2]
-        and dims["cache_in"] == [contract.cache_size]
+        dims["audio_codes"] == lead + [1, contract.num_quantizers, contract.codes_length]
+        and dims["freqs_in"] == lead + [contract.codes_length, contract.head_dim // 2]
+        and dims["cache_in"] == lead + [contract.cache_size]
     )
     if not shape_ok:
         raise InputError(f"{path}: graph input shapes {dims} disagree with its metadata {contract}")
@@ -316,8 +352,10 @@ def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> OnnxBacken
 
 
 def open_vocoder(spec, ctx: OpenContext) -> OnnxVocoder:
-    """Plan options: ``threads``."""
-    return OnnxVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("threads", ctx.threads))
+    """Plan options: ``threads``. Artifacts ``first.sN`` / ``main.sN``: stacked steps (N streams per call)."""
+    stacked = tuple(v for k, v in sorted(spec.artifacts.items()) if k.startswith(("first.s", "main.s")))
+    return OnnxVocoder(spec.artifacts["main"], spec.artifacts.get("first"), spec.options.get("threads", ctx.threads),
+                       stacked=stacked)
 
 
 OPENERS = {

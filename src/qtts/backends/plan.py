@@ -151,6 +151,9 @@ def load_plan(plan: str | os.PathLike | dict | Plan | None) -> Plan:
             data = json.load(fh)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a plan file (not UTF-8 text); a plan is the JSON file that "
+                         "qtts export writes (BUNDLE/plan.json)") from None
     parsed = parse_plan(data, os.path.dirname(os.path.abspath(path)), path)
     return Plan(parsed.components, os.path.abspath(path))
 

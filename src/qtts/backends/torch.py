@@ -105,7 +105,14 @@ class TorchBackend:
             logits, hidden, state = self.talker_module(x[None].to(self.dtype), int(pos), state)
             return self._out(logits[0, -1]), self._out(hidden[0, -1]), state
 
-    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
+        heads: list = []
+        codes = self.predict_frame(hidden, code0, sampler, uniforms, heads)
+        return codes, np.stack(heads)
+
+    def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray, heads=None) -> np.ndarray:
+        """``heads``: a list that gets each step's logits."""
         torch = self._torch
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32), device=self.device).to(self.dtype)
         cache = getattr(self._local, "cache", None)
@@ -120,7 +127,10 @@ class TorchBackend:
             else:
                 x, pos = self.predictor.embed(j - 1, ids), j + 1
             out, cache = self.predictor(x, pos, cache)
-            return self._out(self.predictor.head(j, out[0, -1]))
+            logits = self._out(self.predictor.head(j, out[0, -1]))
+            if heads is not None:
+                heads.append(logits)
+            return logits
 
         with torch.inference_mode():
             codes = run_predictor_steps(step_logits, code0, sampler, uniforms)
@@ -168,8 +178,11 @@ class TorchVocoder(StepVocoder):
 
     exact_remainder = True
 
-    def __init__(self, decoder, main: int = 16, threads: int | None = None):
+    def __init__(self, decoder, main: int = 16, threads: int | None = None, stack_streams: bool = False):
+        """``stack_streams``: :meth:`run_batch` runs several streams' steps as one vectorized call
+        (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one."""
         self._torch = require("torch", "torch", "the torch vocoder")
+        self.stack_streams = bool(stack_streams)
         dtype = next(decoder.parameters()).dtype
         if dtype != self._torch.float32:
             raise InputError(
@@ -208,6 +221,21 @@ class TorchVocoder(StepVocoder):
             with torch.inference_mode():
                 args = (torch.from_numpy(codes), torch.from_numpy(freqs), torch.from_numpy(valid))
                 audio, cache = step(*args, torch.from_numpy(cache))
+        finally:
+            torch.set_num_threads(prev)
+        return audio.float().numpy(), cache.float().numpy()
+
+    def run_batch(self, size, codes, freqs, valid, cache):
+        if not self.stack_streams:
+            return super().run_batch(size, codes, freqs, valid, cache)
+        torch = self._torch
+        prev = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            with torch.inference_mode():
+                args = [torch.from_numpy(np.ascontiguousarray(x)) for x in (codes, freqs, valid, cache)]
+                audio, cache = torch.func.vmap(self.step(size))(*args)
         finally:
             torch.set_num_threads(prev)
         return audio.float().numpy(), cache.float().numpy()
@@ -304,11 +332,13 @@ def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> TorchBacke
 
 
 def open_vocoder(spec, ctx: OpenContext):
-    """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``."""
+    """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``,
+    ``stack_streams`` (a batched server vectorizes several streams' steps: see TorchVocoder)."""
     decoder = load_part(ctx, "decoder")
     if spec.options.get("mode", "step") == "full":
         return TorchFullVocoder(decoder)
-    return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads))
+    return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads),
+                        bool(spec.options.get("stack_streams", False)))
 
 
 OPENERS = {

@@ -12,6 +12,10 @@ samples past the remainder are dropped and whose cache is *not* kept: the remain
 pending and are decoded again, from the last committed cache, at the start of the next call
 (their audio, already returned, is skipped). Causality makes the recomputed samples identical,
 so the output is exact. A runner with ``exact_remainder`` (torch) gets an exact-size step instead.
+
+:meth:`StepStream.plan` is that schedule as a generator of :class:`StepRequest` s: ``decode``
+drives it with the runtime's ``run``; :class:`qtts.backends.vocoder_batch.VocoderBatcher` drives
+several streams' plans at once and stacks their steps of one size into one ``run_batch`` call.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class StepContract:
     samples_per_frame: int
     inv_freq: tuple  # fp32 RoPE inverse frequencies (head_dim/2 values)
     num_quantizers: int = NUM_CODEBOOKS
+    streams: int = 1  # > 1: a stacked step (that many streams per call: StepVocoder.run_batch)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -94,6 +99,16 @@ class StepVocoder:
     def run(self, size: int, codes, freqs, valid, cache) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def run_batch(self, size: int, codes, freqs, valid, cache) -> tuple[np.ndarray, np.ndarray]:
+        """Several streams' steps of one size: codes [S, 1, 16, size], freqs [S, size, head_dim/2],
+        valid [S, 1], cache [S, N] -> audio [S, size * samples_per_frame], cache [S, N].
+
+        This default runs them one after another, each exactly as alone (bit-identical); a
+        runtime with a stream-axis graph may override it."""
+        outs = [self.run(size, codes[i], freqs[i], valid[i], cache[i]) for i in range(len(codes))]
+        audio = np.stack([np.asarray(a, dtype=np.float32).reshape(-1) for a, _ in outs])
+        return audio, np.stack([np.asarray(c, dtype=np.float32).reshape(-1) for _, c in outs])
+
     def stream(self) -> StepStream:
         return StepStream(self)
 
@@ -113,34 +128,68 @@ class StepStream:
         self._pos = 0  # committed frames
         self._pending = np.zeros((0, self.contract.num_quantizers), dtype=np.int64)
 
-    def _step(self, frames: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _request(self, frames: np.ndarray, size: int) -> StepRequest:
         n = len(frames)
         codes = np.zeros((1, self.contract.num_quantizers, size), dtype=np.int64)
         codes[0, :, :n] = frames.T
         freqs = rope_freqs(self._pos, size, self._inv_freq)
         valid = np.array([min(self._pos, self.contract.kv_slots)], dtype=np.float32)
-        audio, cache = self.steps.run(size, codes, freqs, valid, self._cache)
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1)[: n * self.samples_per_frame]
-        return audio, np.asarray(cache, dtype=np.float32).reshape(-1)
+        return StepRequest(size, codes, freqs, valid, self._cache, n)
 
     def _size(self, left: int) -> int | None:
         fits = next((s for s in self.steps.sizes if s <= left), None)
         return fits if fits is not None or not self.steps.exact_remainder else left
 
-    def decode(self, codes: np.ndarray) -> np.ndarray:
+    def plan(self, codes: np.ndarray):
+        """:meth:`decode` as a generator: it yields each :class:`StepRequest` in order, is sent the
+        step's raw ``(audio, cache)`` back, and returns the call's audio (StopIteration.value).
+
+        Whoever runs the steps (this stream alone, or a batcher stacking several streams' steps)
+        drives the same schedule and state updates, so the audio is the same."""
         frames = np.concatenate([self._pending, check_codes(codes, "vocoder codes", allow_empty=True, num_codebooks=self.contract.num_quantizers)])
         skip = len(self._pending) * self.samples_per_frame
         self._pending = frames[:0]
         outs, i = [], 0
         while i < len(frames):
             size = self._size(len(frames) - i)
-            if size is None:  # shorter than every compiled size: pad, keep the cache uncommitted
-                outs.append(self._step(frames[i:], self.steps.sizes[-1])[0])
+            padded = size is None  # shorter than every compiled size: pad, keep the cache uncommitted
+            request = self._request(frames[i:] if padded else frames[i : i + size], size or self.steps.sizes[-1])
+            audio, cache = yield request
+            outs.append(np.asarray(audio, dtype=np.float32).reshape(-1)[: request.frames * self.samples_per_frame])
+            if padded:
                 self._pending = frames[i:]
                 break
-            audio, self._cache = self._step(frames[i : i + size], size)
-            outs.append(audio)
+            self._cache = np.asarray(cache, dtype=np.float32).reshape(-1)
             self._pos += size
             i += size
         out = np.concatenate(outs) if outs else np.zeros(0, dtype=np.float32)
         return out[skip:]
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        return drive(self.plan(codes), self.steps.run)
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One step call a stream's :meth:`StepStream.plan` asks for (``frames`` of ``size`` are real)."""
+
+    size: int
+    codes: np.ndarray  # [1, 16, size] int64
+    freqs: np.ndarray  # [size, head_dim/2] fp32
+    valid: np.ndarray  # [1] fp32
+    cache: np.ndarray  # [N] fp32
+    frames: int
+
+    @property
+    def args(self) -> tuple:
+        return self.size, self.codes, self.freqs, self.valid, self.cache
+
+
+def drive(plan, run) -> np.ndarray:
+    """Run a :meth:`StepStream.plan` generator to its end with ``run(size, codes, freqs, valid, cache)``."""
+    try:
+        request = next(plan)
+        while True:
+            request = plan.send(run(*request.args))
+    except StopIteration as stop:
+        return stop.value

@@ -13,6 +13,23 @@ THREADS_HELP = ("CPU threads for each component's math (intra-op); more is not f
                 "(default: picked by qtts from the model size and the cores)")
 
 
+PLAN_HELP = ("what runs each component: a preset (fast: the default, int8 ONNX; faithful: fp32 ONNX; fastest: "
+             "int4 ONNX), built once per checkpoint and cached in $QTTS_CACHE; 'torch': the fp32 reference; "
+             "or a plan.json path (default: $QTTS_PLAN, else fast)")
+NO_BUILD_HELP = ("fail instead of building a preset's bundle that is not cached yet (also QTTS_NO_BUILD=1); "
+                 "build it with qtts cache build")
+
+
+def cli_plan(args, listeners: tuple = ()):
+    """``--plan`` resolved for ``--model`` (a preset's bundle is built now if missing and allowed)."""
+    from ..backends import snapshot_dir
+    from ..backends.cache import resolve_plan
+
+    no_build = True if getattr(args, "no_build", False) else None
+    return resolve_plan(args.plan, snapshot_dir(args.model), getattr(args, "dtype", "float32"),
+                        no_build=no_build, listeners=listeners)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2) that point at ``--help``."""
 
@@ -63,7 +80,8 @@ def add_model(p, plan: bool = True, dtype: bool = True, threads: str | None = TH
     p.add_argument("-m", "--model", required=True, metavar="MODEL",
                    help="snapshot directory or hub id (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-Base)")
     if plan:
-        p.add_argument("--plan", metavar="FILE", help="execution plan JSON: the runtime of each component (default: torch)")
+        p.add_argument("--plan", metavar="PLAN", help=PLAN_HELP)
+        p.add_argument("--no-build", action="store_true", help=NO_BUILD_HELP)
     if dtype:
         p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="torch weight dtype")
     if threads:
@@ -112,7 +130,9 @@ def check_audio(path: str) -> str:
         raise InputError(f"-o {exc}") from None
 
 
-_CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"))
+_CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"),
+              ("voice=<Voice or .voice file>", "--voice FILE.voice or --ref-audio CLIP [--ref-text TEXT]"),
+              ("instruct=<a description of the voice>", "--instruct TEXT (a description of the voice)"))
 
 
 def cli_words(message: str) -> str:
@@ -138,13 +158,14 @@ class Progress:
         i = chunk.info
         self._print(f"qtts: {i['frames']} frames, {i['frames'] / 12.5:.2f} s audio, {i['wall_s']:.1f} s", False)
 
-    def summary(self, chunk) -> None:
+    def summary(self, chunk, plan: str | None = None) -> None:
+        """The summary line; ``plan``: what ran (a preset name, torch, a plan path)."""
         i = chunk.info
         rtf = f"{i['rtf']:.2f}" if i.get("rtf") is not None else "-"
         ttfa = f"{i['ttfa_s']:.2f}s" if i.get("ttfa_s") is not None else "-"
         reason = f" finish_reason={chunk.finish_reason}" if chunk.finish_reason else ""  # none when decoding
         self._print(f"qtts: frames={i['frames']} audio={i['audio_s']:.2f}s wall={i['wall_s']:.2f}s "
-                    f"rtf={rtf} ttfa={ttfa}{reason}", True)
+                    f"rtf={rtf} ttfa={ttfa}{reason}{f' plan={plan}' if plan else ''}", True)
 
 
 class StderrHandler(logging.StreamHandler):

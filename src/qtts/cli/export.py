@@ -10,11 +10,11 @@ import time
 
 from ..backends.plan import COMPONENTS, LEGACY_NAMES
 from ..errors import InputError
-from .common import add_model, check_file, check_folder, command, group, hidden_alias, number
+from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
 
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
 # The choices below mirror qtts.export.onnx.PRECISIONS / PREDICTOR_MODES, quantize.DEFAULT_BLOCK_SIZE
-# and rknn.TARGETS (tests/test_cli_first_run.py checks they agree): building the parser must not
+# and rknn.TARGETS (tests/cli/test_cli_first_run.py checks they agree): building the parser must not
 # import qtts.export, so `qtts say` never loads the export toolchain.
 PRECISIONS = ("fp32", "int8", "int4")
 PREDICTOR_MODES = ("frame", "step")
@@ -64,6 +64,16 @@ def _component(name: str) -> str:
     return name
 
 
+def _streams(text: str) -> tuple:
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        values = ()
+    if not values or values[0] < 2:
+        raise argparse.ArgumentTypeError(f"expected stream counts >= 2 separated by commas, got {text!r}")
+    return values
+
+
 def _export_onnx_arguments(p) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
     p.add_argument("-o", "--output", required=True, help="bundle folder to write (new or empty)")
@@ -82,6 +92,8 @@ def _export_onnx_arguments(p) -> None:
                    help="frames per call of the vocoder step for the first chunk (default 1; 0: none)")
     p.add_argument("--chunk-frames", type=number(lo=0), default=8, metavar="B",
                    help="frames per call of the main vocoder step (default 8; 0: no vocoder)")
+    p.add_argument("--vocoder-streams", type=_streams, default=(), metavar="S,S",
+                   help="also stacked main vocoder steps for S streams per call (a batched server; e.g. 2,4)")
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
     p.add_argument("--no-batch-graphs", action="store_true", help="skip the batch graphs a batched engine runs "
                    "(qtts serve --max-batch); such a bundle steps concurrent streams one by one")
@@ -98,7 +110,7 @@ def run_export_onnx(args) -> int:
         talker=args.talker_weights or args.weights, predictor=args.predictor_weights or args.weights,
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
-        vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs,
+        vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs, vocoder_streams=args.vocoder_streams,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)
@@ -219,8 +231,9 @@ def run_verify_plan(args) -> int:
 
     if args.report:
         check_file(args.report, "--report")
-    report = verify_plan(args.model, args.plan, frames=args.frames, text=args.text, threads=args.threads,
-                         dtype=args.dtype)
+    plan = cli_plan(args)  # no --plan: the default preset (built if missing); 'torch' or --dtype: torch
+    report = verify_plan(args.model, plan if isinstance(plan, str) else "torch", frames=args.frames, text=args.text,
+                         threads=args.threads, dtype=args.dtype)
     print(json.dumps(report, indent=2, default=str) if args.json else report_markdown(report))
     if args.report:
         write_report(report, args.report)
@@ -283,8 +296,9 @@ def run_verify_vocoder(args) -> int:
 
 def _bench_arguments(p) -> None:
     add_model(p, plan=False, dtype=False, threads=None)
-    p.add_argument("--plan", action="append", help="execution plan JSON; repeat to compare plans; "
-                   "'torch' = the torch fp32 default (default: torch)")
+    p.add_argument("--plan", action="append", help="a preset (fast, faithful, fastest: built once and cached), "
+                   "'torch' (the fp32 reference) or a plan.json; repeat to compare plans (default: fast)")
+    p.add_argument("--no-build", action="store_true", help="fail instead of building a preset that is not cached")
     p.add_argument("--frames", type=number(lo=4), metavar="N", default=64, help="frames per run, EOS blocked (default 64 = 5.1 s)")
     p.add_argument("--repeats", type=number(lo=1), default=3, help="measured runs per plan (medians; default 3)")
     p.add_argument("--threads", type=number(lo=1), default=2, help="intra-op CPU threads for every runtime (default 2)")
@@ -321,11 +335,9 @@ def run_bench(args) -> int:
     opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.pipeline]
     results = []
-    for plan in args.plan or ["torch"]:
-        label = "torch fp32" if plan == "torch" else _label(plan)
+    for plan, label in _bench_plans(args):
         for pipeline in modes:
-            results.append(bench_plan(args.model, None if plan == "torch" else plan,
-                                      dataclasses.replace(opts, pipeline=pipeline), label=label))  # fmt: skip
+            results.append(bench_plan(args.model, plan, dataclasses.replace(opts, pipeline=pipeline), label=label))
             r = results[-1]
             print(f"{r['label']}: RTF {r['rtf']:.2f}, TTFA {r['ttfa_ms']:.0f} ms, peak RSS {r['plan_peak_rss_mb']:.0f} MB",
                   flush=True)  # fmt: skip
@@ -348,9 +360,8 @@ def _run_concurrency(args) -> int:
     opts = ConcurrencyOptions(levels=args.concurrency, frames=args.frames, repeats=args.repeats, threads=args.threads,
                               engines=not args.no_engines)  # fmt: skip
     rows = []
-    for plan in args.plan or ["torch"]:
-        label = "torch fp32" if plan == "torch" else _label(plan)
-        rows += bench_concurrency(args.model, None if plan == "torch" else plan, opts, label=label)
+    for plan, label in _bench_plans(args):
+        rows += bench_concurrency(args.model, plan, opts, label=label)
         print(f"{label}: done", flush=True)
     print(table_markdown(rows))
     if args.json:
@@ -358,6 +369,22 @@ def _run_concurrency(args) -> int:
 
         write_json(args.json, {"options": {**vars(opts), "levels": list(opts.levels)}, "concurrency": rows})
     return 0
+
+
+def _bench_plans(args) -> list:
+    """(plan, label) per --plan: presets built (or found) first, so no build is timed."""
+    from ..backends import snapshot_dir
+    from ..backends.cache import DEFAULT_PRESET, ENV_PLAN, TORCH, preset_name, resolve_plan
+
+    out = []
+    for plan in args.plan or [os.environ.get(ENV_PLAN) or DEFAULT_PRESET]:
+        if plan == TORCH:
+            out.append((TORCH, "torch fp32"))
+            continue
+        path = resolve_plan(plan, snapshot_dir(args.model), no_build=True if args.no_build else None)
+        name = preset_name(plan)
+        out.append((path, f"{name}: {_label(path)}" if name else _label(path)))
+    return out
 
 
 def _label(plan_path: str) -> str:

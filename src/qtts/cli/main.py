@@ -1,17 +1,20 @@
 """``qtts``: the parser, ``main(argv)``, and the first-run commands ``demo`` and ``random-checkpoint``.
 
-Exit codes: 0 success, 2 usage/input errors (:class:`~qtts.errors.InputError`), 1 runtime failures.
+Exit codes: 0 success, 2 usage/input errors (:class:`~qtts.errors.InputError`) and a missing optional
+dependency (an extra: one line with its install command), 1 runtime failures.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 import time
 
-from ..errors import InputError, QttsError
+from ..errors import InputError, MissingDependencyError, QttsError, missing_module_message
+from .cache import register as register_cache
 from .common import (
     Parser,
     add_stderr_handler,
@@ -36,6 +39,10 @@ start here:
   qtts COMMAND --help       the flags of one command
 """
 SENTENCE = "Hello from qtts. This sentence went through every stage of the pipeline."
+#: random talkers never stop by themselves: a call runs to its frame budget, 40 + 8 per text token
+STANDIN_NOTE = ("stand-in tokenizer (no --tokenizer): it splits text into single bytes, so every call runs to a "
+                "longer frame budget (\"Hello.\": 216 frames = 17 s; 56 with the real Qwen2 tokenizer); "
+                "cap it with --max-frames, or pass --tokenizer DIR with the real vocab.json + merges.txt")
 REAL_COMMAND = 'qtts say "Hello" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base --ref-audio me.wav -o out.wav'
 
 
@@ -52,6 +59,7 @@ def build_parser() -> Parser:
     register_serve(sub)
     register_wyoming(sub)
     register_export(sub)
+    register_cache(sub)
     _register_random_checkpoint(sub)
     return parser
 
@@ -96,7 +104,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except InputError as exc:
+    except (InputError, MissingDependencyError) as exc:  # a missing extra is fixed by the user: 2
         print(f"qtts: error: {cli_words(str(exc))}", file=sys.stderr)
         return 2
     except QttsError as exc:
@@ -105,6 +113,54 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("qtts: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # disk full, a file vanished, permissions changed meanwhile: no traceback
+        logging.getLogger(__name__).debug("%s failed", args._run.__name__, exc_info=True)
+        output = getattr(args, "output", None)
+        print(f"qtts: failed: {os_error_message(exc, output if isinstance(output, str) else None)}",
+              file=sys.stderr)
+        return 1
+    except ImportError as exc:  # `import torch` on a core-only install: an install hint, not a traceback
+        run = args._run
+        message = missing_module_message(exc, extra="export" if run.__module__.endswith(".export") else None,
+                                         bundle=run.__name__ in ("run_say", "run_decode", "run_voice_create", "run"))
+        if message is None:
+            raise
+        print(f"qtts: error: {message}", file=sys.stderr)
+        return 2
+
+
+#: errno -> what to do about it
+_OS_FIXES = {errno.ENOSPC: "free some space there or write to another disk",
+             errno.EDQUOT: "free some space there or write to another disk",
+             errno.EROFS: "write to another folder", errno.EACCES: "check the permissions of the folder"}
+
+
+def os_error_message(exc: OSError, output: str | None = None) -> str:
+    """One line for an OSError: what failed, on which file, and the fix when there is a usual one.
+    Some writers (numpy's ``tofile``) raise one without an errno: when the disk of ``output`` (the
+    command's -o) is full, that is said."""
+    code, what, where = exc.errno, exc.strerror or str(exc), exc.filename
+    if code is None and output and not where:
+        where = output
+        if _disk_full(output):
+            code, what = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({exc})"
+        else:
+            what = f"writing the output failed ({exc})"
+    fix = _OS_FIXES.get(code)
+    return what + (f" ({where})" if where else "") + (f"; {fix}" if fix else "")
+
+
+def _disk_full(path: str) -> bool:
+    folder = os.path.dirname(os.path.abspath(path))
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 def _register_demo(sub) -> None:
@@ -113,7 +169,8 @@ def _register_demo(sub) -> None:
     p.add_argument("-o", "--output", default="demo.wav", help="output audio file (default: ./demo.wav)")
     p.add_argument("--tokenizer", help="a folder with the real Qwen2 vocab.json + merges.txt (default: stand-in)")
     p.add_argument("--text", default=SENTENCE, help="the sentence to synthesize")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, the synthetic reference "
+                   "voice and the sampling (default 0); the same seed writes the same demo.wav")
     p.add_argument("--threads", type=number(lo=1), default=1, help="CPU threads (default 1: fastest for the tiny model)")
 
 
@@ -133,12 +190,16 @@ def run_demo(args) -> int:
 
     from .. import load
     from ..audio.chunk import AudioWriter
+    from ..errors import require
     from ..options import SynthesisOptions
+    from ..text.prompt import clean_text
     from ..tools.random_checkpoint import write_random_checkpoint
 
     if args.output == "-":
         raise InputError("-o -: the demo writes a file; give a file name such as demo.wav")
     fmt = check_audio(args.output)
+    clean_text(args.text, what="--text")  # refused before minutes of work
+    require("torch", "torch", "qtts demo (it builds and runs a random checkpoint)")
     print("qtts demo: tiny RANDOM weights -> the output is noise, not speech.")
     t = [time.perf_counter()]
 
@@ -150,7 +211,7 @@ def run_demo(args) -> int:
         snap = write_random_checkpoint(os.path.join(tmp, "tiny-base"), size="tiny", kind="base",
                                        seed=args.seed, tokenizer_dir=args.tokenizer)
         done("write tiny random checkpoint")
-        tts = load(snap, threads=args.threads)
+        tts = load(snap, plan="torch", threads=args.threads)
         done("load (config, tokenizer, torch backend)")
         voice = tts.create_voice((reference_audio(seed=args.seed), 24000), ref_text="A synthetic reference.")
         done(f"create voice (x-vector + {len(voice.ref_codes)} ICL frames)")
@@ -195,12 +256,21 @@ def run_random_checkpoint(args) -> int:
     if not (args.output or args.output_opt) or (args.output and args.output_opt):
         raise InputError("give one output folder: qtts random-checkpoint OUT (or -o OUT)")
     check_folder(args.output or args.output_opt, "OUT", force=args.force)
+    from ..errors import require
+
+    require("torch", "torch", "qtts random-checkpoint")
     t0 = time.perf_counter()
-    out = write_random_checkpoint(args.output or args.output_opt, size=args.size, kind=args.kind, layout=args.layout,
-                                  seed=args.seed, tokenizer_dir=args.tokenizer, dtype=args.dtype,
-                                  natural_eos=args.natural_eos, overwrite=args.force)
+    target = args.output or args.output_opt
+    try:
+        out = write_random_checkpoint(target, size=args.size, kind=args.kind, layout=args.layout, seed=args.seed,
+                                      tokenizer_dir=args.tokenizer, dtype=args.dtype, natural_eos=args.natural_eos,
+                                      overwrite=args.force)
+    except OSError as exc:  # name OUT, not the temporary folder that was removed
+        raise OSError(exc.errno, exc.strerror or str(exc), target) from None
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
     print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}) to {out}: "
           f"{total / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
     print("random weights: the audio follows the codes, but it is noise, not speech")
+    if not args.tokenizer:
+        print(STANDIN_NOTE)
     return 0

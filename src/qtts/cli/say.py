@@ -16,6 +16,7 @@ from .common import (
     add_model,
     check_audio,
     check_file,
+    cli_plan,
     cli_words,
     command,
     group,
@@ -65,7 +66,8 @@ def register(sub) -> None:
     v.add_argument("--ref-text", help="exact transcript of the reference (enables ICL cloning, usually better)")
     v.add_argument("--name", default="", help="a name stored in the file")
     v.add_argument("--trailing-silence", type=number(float, 0, 5), default=0.5, help=SILENCE_HELP)
-    v.add_argument("-o", "--output", required=True, help="output .voice file")
+    v.add_argument("-o", "--output", required=True, help="output .voice file (an existing one is kept unless --force)")
+    v.add_argument("--force", action="store_true", help="replace the -o file if it exists")
     show = command(voice_sub, "show", run_voice_show, "show what a .voice file holds")
     show.add_argument("voice", help="a .voice file")
 
@@ -183,16 +185,21 @@ def resolve_voice(tts, args):
 def run_say(args) -> int:
     from ..api import load
     from ..audio.codes import CODES_SUFFIXES
+    from ..backends.cache import plan_short
 
     if args.live and args.non_streaming_text:
         raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
                          "drop --non-streaming-text")
     text = live_pieces(args) if args.live else read_text(args)
+    if not args.live:
+        from ..text.prompt import clean_text
+
+        clean_text(text, what="the text")  # empty, or over the 50,000-character limit: before the model loads
     fmt = check_audio(args.output)
     if args.codes_out:
         check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
     options = build_options(args)
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = resolve_voice(tts, args)
     speak = tts.stream_text if args.live else tts.stream
     chunks = speak(text, voice=voice, speaker=args.speaker, instruct=args.instruct, language=args.language,
@@ -203,7 +210,7 @@ def run_say(args) -> int:
     if args.codes_out:
         prime = voice.ref_codes if voice is not None and voice.icl else None  # what stream() primed with
         write_codes(args.codes_out, frames, prime, tts.codec, args.quiet)
-    progress.summary(last)
+    progress.summary(last, plan_short(tts.components.plan))
     return 0
 
 
@@ -222,11 +229,17 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
                 progress.update(last)
                 _keep(frames, last)
         return last
-    with AudioWriter(output, fmt=fmt) as w:
-        for last in chunks:
-            w.write(last.samples)
-            progress.update(last)
-            _keep(frames, last)
+    # closing(): a failed write (a full disk) stops the generation threads before the error leaves
+    try:
+        with contextlib.closing(chunks), AudioWriter(output, fmt=fmt) as w:
+            for last in chunks:
+                w.write(last.samples)
+                progress.update(last)
+                _keep(frames, last)
+    except OSError as exc:
+        if exc.filename or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, output) from None
     return last
 
 
@@ -271,7 +284,7 @@ def run_decode(args) -> int:
     codes, prime, codec = load_codes(args.codes)
     prime = decode_prime(args.codes, prime, args.voice)
     check_codec(args.codes, codec, args.model)
-    tts = load(args.model, plan=args.plan, threads=args.threads, parts=("vocoder",))
+    tts = load(args.model, plan=cli_plan(args), threads=args.threads, parts=("vocoder",))
     options = SynthesisOptions(first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
                                speed=args.speed)
     progress = Progress(args.quiet)
@@ -312,8 +325,10 @@ def decode_prime(codes_path: str, prime, voice_path: str | None):
 def run_voice_create(args) -> int:
     from ..api import load
 
-    check_file(args.output)
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    check_file(args.output, suffixes=(".voice",))
+    if os.path.exists(args.output) and not args.force:
+        raise InputError(f"-o {args.output}: exists; choose another name or pass --force to replace it")
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = tts.create_voice(args.ref_audio, ref_text=args.ref_text, name=args.name,
                              trailing_silence=args.trailing_silence)
     voice.save(args.output)

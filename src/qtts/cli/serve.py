@@ -6,7 +6,8 @@ import ipaddress
 import logging
 
 from ..errors import InputError
-from .common import add_model, add_stderr_handler, command, number
+from ..server.settings import SUPPORTED_FORMATS
+from .common import add_model, add_stderr_handler, cli_plan, command, number
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,81 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=number(lo=1), metavar="N",
                    help="one engine steps up to N generations together (one copy of the weights); "
                    "instead of --max-concurrency (default 1; 8 per replica with --ray)")
+    p.add_argument("--capacity", type=_capacity, metavar="N|auto",
+                   help="streams served at once so that each stays real-time; more wait in the queue "
+                   "(429 past --max-queue). 'auto': measured at start-up in a few seconds (default: every slot)")
+    _ray_arguments(p)
+    p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
+                   help="requests waiting for a worker before 429 (default 8)")
+    p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
+    p.add_argument("--max-frames", type=number(lo=1), default=2048,
+                   help="frame cap per request, 12.5 frames/s (default 2048 = 164 s)")
+    p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
+                   help="largest voice upload (default 10 MB)")
+    p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
+    _openai_arguments(p)
+    p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
+    p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
+    _add_limits(p)
+
+
+def _add_limits(p) -> None:
+    """Timeouts, connection caps, the origin policy and the WebSocket's limits."""
+    p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
+                   help="seconds a connection has to send its request headers (default 10)")
+    p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a request has to send its whole body (default 60)")
+    p.add_argument("--write-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="seconds a client may read nothing of a response before it is aborted (default 60)")
+    p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
+                   help="open connections at most; more get 503 (default 256)")
+    p.add_argument("--max-connections-per-client", type=number(lo=1), default=64, metavar="N",
+                   help="open connections from one client address; more get 503 (default 64; behind a "
+                   "reverse proxy every client is the proxy: raise it)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (scheme://host[:port]) whose pages may use the API besides the server's "
+                   "own page; repeatable; * allows any (docs/server.md, origin policy)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to accept besides localhost and the bound address (a reverse proxy's "
+                   "or the LAN name); repeatable; * allows any")
+    w = p.add_argument_group("live speech (WebSocket /v1/audio/speech/stream)")
+    w.add_argument("--ws-max-message-chars", type=number(lo=1), default=4096, metavar="N",
+                   help="longest text.delta (default 4096 characters)")
+    w.add_argument("--ws-max-session-chars", type=number(lo=1), default=20000, metavar="N",
+                   help="all text of one session (default 20000 characters)")
+    w.add_argument("--ws-idle-timeout", type=number(float, above=0), default=30.0, metavar="S",
+                   help="close a session with no new text and no audio for S seconds before text.done (default 30)")
+    w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
+                   help="longest session in seconds (default 1800)")
+    w.add_argument("--ws-max-messages-per-s", type=number(float, above=0), default=200.0, metavar="R",
+                   help="messages per second one socket may send, bursts of 2R (default 200)")
+    w.add_argument("--ws-max-pings-per-s", type=number(float, above=0), default=5.0, metavar="R",
+                   help="pings per second one socket may send, bursts of 2R (default 5)")
+
+
+
+def _openai_arguments(p) -> None:
+    o = p.add_argument_group("OpenAI drop-in")
+    o.add_argument("--default-format", default="mp3", choices=SUPPORTED_FORMATS,
+                   help="response_format when a request names none (default mp3, as OpenAI; wav: the old default)")
+    o.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE", type=_alias,
+                   help="answer voice NAME with VOICE (a speaker or an uploaded voice id), e.g. alloy=vivian; "
+                   "repeatable; overrides the default table of OpenAI voice names (docs/server.md)")
+
+
+def _alias(text: str) -> tuple[str, str]:
+    import argparse
+
+    from ..server.aliases import parse_alias
+
+    try:
+        return parse_alias(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
+
+def _ray_arguments(p) -> None:
     ray = p.add_argument_group("Ray Serve scale-out (extra 'ray')")
     ray.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas of one batched "
                      "engine each behind Ray's HTTP proxy on --host/--port")
@@ -33,47 +109,30 @@ def register(sub) -> None:
     ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale between MIN and MAX replicas instead")
     ray.add_argument("--replica-cpus", type=number(float, above=0), default=1.0,
                      help="CPUs Ray reserves per replica (default 1)")
-    p.add_argument("--max-queue", type=number(lo=0), default=8, metavar="Q",
-                   help="requests waiting for a worker before 429 (default 8)")
-    p.add_argument("--max-input-chars", type=number(lo=1), default=4096, help="longest 'input' text (default 4096)")
-    p.add_argument("--max-frames", type=number(lo=1), default=2048,
-                   help="frame cap per request, 12.5 frames/s (default 2048 = 164 s)")
-    p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
-                   help="largest voice upload (default 10 MB)")
-    p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
-    p.add_argument("--default-format", default="wav", help="response_format when a request names none")
-    p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
-    p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
-    p.add_argument("--header-timeout", type=number(float, above=0), default=10.0, metavar="S",
-                   help="seconds a connection has to send its request headers (default 10)")
-    p.add_argument("--body-timeout", type=number(float, above=0), default=60.0, metavar="S",
-                   help="seconds a request has to send its whole body (default 60)")
-    p.add_argument("--write-timeout", type=number(float, above=0), default=60.0, metavar="S",
-                   help="seconds a client may read nothing of a response before it is aborted (default 60)")
-    p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
-                   help="open connections at most; more get 503 (default 256)")
-    w = p.add_argument_group("live speech (WebSocket /v1/audio/speech/stream)")
-    w.add_argument("--ws-max-message-chars", type=number(lo=1), default=4096, metavar="N",
-                   help="longest text.delta (default 4096 characters)")
-    w.add_argument("--ws-max-session-chars", type=number(lo=1), default=20000, metavar="N",
-                   help="all text of one session (default 20000 characters)")
-    w.add_argument("--ws-idle-timeout", type=number(float, above=0), default=30.0, metavar="S",
-                   help="close a session with no message and no audio for S seconds before text.done (default 30)")
-    w.add_argument("--ws-max-session", type=number(float, above=0), default=1800.0, metavar="S",
-                   help="longest session in seconds (default 1800)")
+
+
+def _capacity(text: str):
+    if text == "auto":
+        return text
+    return number(lo=1)(text)
+
 
 def _settings(args):
     from ..server.settings import ServerSettings
 
     return ServerSettings(
         host=args.host, port=args.port, voices_dir=args.voices, max_concurrency=args.max_concurrency,
-        max_batch=args.max_batch or 1,
+        max_batch=args.max_batch or 1, capacity=args.capacity if isinstance(args.capacity, int) else None,
         max_queue=args.max_queue, max_input_chars=args.max_input_chars, max_frames=args.max_frames,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024), chunk_frames=args.chunk_frames,
-        default_response_format=args.default_format, model_id=args.model_id or args.model,
+        default_response_format=args.default_format, voice_aliases=tuple(args.voice_alias),
+        model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
-        ws_max_message_chars=args.ws_max_message_chars, ws_max_session_chars=args.ws_max_session_chars,
+        max_connections_per_client=args.max_connections_per_client, allow_origins=tuple(args.allow_origin),
+        allow_hosts=tuple(args.allow_host), ws_max_messages_per_s=args.ws_max_messages_per_s,
+        ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars,
+        ws_max_session_chars=args.ws_max_session_chars,
         ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
     )
 
@@ -84,20 +143,65 @@ def _load_engines(args, state) -> None:
 
     import qtts
 
+    from ..backends.cache import plan_label
+    from ..errors import InputError
+
     k, batch = args.max_concurrency, args.max_batch or 1
     threads = args.threads or (None if batch > 1 else max(1, (os.cpu_count() or 1) // k))
     try:
+        plan = cli_plan(args, (state.build_listener("the plan"),))  # a missing bundle is built first
         if batch > 1:  # one engine, one copy of the weights, every slot shares its batch
-            engines = qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads, max_batch=batch)
+            engines = qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, max_batch=batch)
         else:
-            engines = [qtts.load(args.model, plan=args.plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+            engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+    except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
+        log.error("qtts: cannot load %s: %s", args.model, exc)
+        state.set_load_error(str(exc))
+        return
     except Exception as exc:  # reported by /health; the process keeps serving 503s
         log.exception("loading %s failed", args.model)
         state.set_load_error(f"{type(exc).__name__}: {exc}")
         return
-    state.set_engine(engines)
+    capacity = _measured_capacity(engines) if args.capacity == "auto" else None
+    state.set_engine(engines, capacity=capacity)
     what = f"1 engine batching {batch} streams" if batch > 1 else f"{k} engine(s)"
-    log.warning("qtts: model %s loaded (%s); ready", args.model, what)
+    first = engines if batch > 1 else engines[0]
+    label = plan_label(first.components.plan)
+    log.info("model %s loaded (%s); ready (plan %s); capacity %d streams", args.model, what, label,
+             state.scheduler.capacity)
+    print(f"qtts: model {args.model} loaded ({what}); ready (plan {label})", flush=True)  # stdout, beside "serving on"
+
+
+def check_model(model: str) -> None:
+    """Refuse (exit 2) before serving a model that cannot load: a missing folder, or a folder that is
+    not a Qwen3-TTS snapshot. A hub id is resolved (cache or download) by the loader; if that fails
+    the server stays up and /health answers 503 with the reason."""
+    import os
+    import re
+
+    from ..config import ModelConfig
+
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        ModelConfig.from_dir(path)  # InputError naming the missing or malformed file
+    elif not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", path):
+        raise InputError(f"--model {model}: no such snapshot directory; pass a local Qwen3-TTS snapshot directory "
+                         "or a hub id like Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+
+
+def _measured_capacity(engines) -> int | None:
+    """--capacity auto: the streams a batched engine holds in real time here (one engine per slot
+    otherwise: every slot)."""
+    if isinstance(engines, list):
+        log.warning("qtts: --capacity auto measures a batched engine (--max-batch); serving every slot")
+        return None
+    from ..server.capacity import measure_capacity
+
+    try:
+        return measure_capacity(engines)
+    except Exception:  # the probe is an estimate: serve every slot rather than not at all
+        log.exception("qtts: the capacity probe failed; serving every slot")
+        return None
 
 
 def _check_host(host: str) -> None:
@@ -122,6 +226,7 @@ def run(args) -> int:
     import importlib.util
     import threading
 
+    from ..backends.cache import TORCH, env_no_build, preset_name
     from ..errors import require
 
     require("fastapi", "serve", "qtts serve")
@@ -134,7 +239,14 @@ def run(args) -> int:
 
     _check_host(args.host)
     settings = _settings(args)
+    check_model(args.model)
+    if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
+        from ..backends.plan import load_plan
+
+        load_plan(args.plan)  # a missing or unreadable plan file: exit 2 before serving
     _access_log()
+    if args.no_build or env_no_build():  # nothing is built: a missing bundle fails now, exit 2
+        cli_plan(args)
     if args.ray:
         return _run_ray(args, settings)
     app = create_app(None, settings)
@@ -160,9 +272,11 @@ def _run_ray(args, settings) -> int:
         if not (sep and low.isdigit() and high.isdigit()):
             raise InputError(f"--autoscale {args.autoscale!r}: give MIN:MAX replicas, e.g. 1:4")
         autoscale = (int(low), int(high))
-    skip = {"host", "port", "max_batch", "max_concurrency"}
+    skip = {"port", "max_batch", "max_concurrency"}  # host stays: the origin policy names the bound address
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in skip}
-    config = RayConfig(model=args.model, plan=args.plan, dtype=args.dtype, threads=args.threads,
+    plan = cli_plan(args)  # built here, once, before any replica starts: every replica loads this bundle
+    plan = plan if isinstance(plan, str) else "torch"
+    config = RayConfig(model=args.model, plan=plan, dtype=args.dtype, threads=args.threads,
                        max_batch=args.max_batch or 8, replicas=args.replicas, autoscale=autoscale,
                        num_cpus=args.replica_cpus, settings=fields)  # fmt: skip
     print(f"qtts: Ray Serve on http://{args.host}:{args.port} ({config.replicas if autoscale is None else args.autoscale} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .common import add_model, command, number
+from .common import add_model, cli_plan, command, number
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,12 @@ def register(sub) -> None:
                    help="longest text of one request (default 4096)")
     p.add_argument("--no-streaming", action="store_true",
                    help="do not offer streaming synthesis (synthesize-start/-chunk/-stop)")
+    p.add_argument("--max-connections", type=number(lo=1), default=16, metavar="N",
+                   help="open client connections at most; more get an error event (default 16)")
+    p.add_argument("--idle-timeout", type=number(float, above=0), default=60.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds while nothing is spoken (default 60)")
+    p.add_argument("--write-timeout", type=number(float, above=0), default=10.0, metavar="S",
+                   help="drop a client that reads nothing for S seconds (default 10)")
 
 
 def _settings(args):
@@ -36,7 +42,9 @@ def _settings(args):
 
     return WyomingSettings(uri=args.uri, voices_dir=args.voices, voice=args.voice, language=args.language,
                            instruct=args.instruct, speed=args.speed, seed=args.seed, max_frames=args.max_frames,
-                           max_chars=args.max_chars, streaming=not args.no_streaming)
+                           max_chars=args.max_chars, streaming=not args.no_streaming,
+                           max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                           write_timeout_s=args.write_timeout)
 
 
 def _check_uri(uri: str) -> None:
@@ -58,6 +66,27 @@ def _check_uri(uri: str) -> None:
                     parsed.hostname)
 
 
+def check_port_free(uri: str) -> None:
+    """tcp://HOST:PORT: fail in one line (exit 1) before the model loads when the port cannot be
+    bound (another service has it, or the address is not this machine's)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from ..errors import QttsError
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "tcp":
+        return
+    family = socket.AF_INET6 if ":" in (parsed.hostname or "") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
+        try:
+            sock.bind((parsed.hostname, parsed.port))
+        except OSError as exc:
+            raise QttsError(f"cannot listen on {parsed.hostname}:{parsed.port} ({exc.strerror or exc}); "
+                            "stop the program that uses it or choose another port in --uri") from None
+
+
 def run(args) -> int:
     import asyncio
 
@@ -68,7 +97,11 @@ def run(args) -> int:
     require("wyoming", "wyoming", "qtts wyoming")
     _check_uri(args.uri)
     settings = _settings(args)
-    tts = load(args.model, plan=args.plan, dtype=args.dtype, threads=args.threads)
+    from ..backends.cache import plan_label
+
+    check_port_free(args.uri)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
+    log.warning("qtts: model %s loaded, plan %s", args.model, plan_label(tts.components.plan))
     service = WyomingService(tts, settings)
     voices = service.catalog.voice_names()
     if not args.uri.startswith("stdio"):  # stdout carries the protocol on stdio://

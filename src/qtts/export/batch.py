@@ -11,7 +11,7 @@
   ``do_sample`` and the uniforms are per row.
 
 Each row computes exactly what the one-stream graphs compute for it (same kernels, same reduction
-lengths); tests/test_batching.py checks the codes against streams run alone.
+lengths); tests/engine/test_batching.py checks the codes against streams run alone.
 """
 
 from __future__ import annotations

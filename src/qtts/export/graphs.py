@@ -246,7 +246,8 @@ def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
 
 class PredictorFrameGraph(nn.Module):
     """A whole frame: ``(hidden [1,H], code0 [1] i64, uniforms [15], temperature [1], top_k [1] i64,
-    top_p [1], do_sample [1] bool) -> codes [15] i64``. The 17-slot caches live inside the graph."""
+    top_p [1], do_sample [1] bool) -> (codes [15] i64, logits [15, vocab])``. The 17-slot caches live
+    inside the graph; the runtime fetches only ``codes``, ``qtts verify plan`` the logits too."""
 
     def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2):
         super().__init__()
@@ -268,7 +269,7 @@ class PredictorFrameGraph(nn.Module):
         shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
         pasts = [torch.zeros(shape) for _ in range(2 * cfg.num_hidden_layers)]
         x = torch.stack([hidden, self.codec0[code0]], dim=1)  # [1, 2, H_talker]
-        codes, pos = [], 0
+        codes, heads, pos = [], [], 0
         for j in range(PREDICTOR_STEPS):
             t = x.shape[1]
             seqlens = torch.tensor([pos + t - 1], dtype=torch.int32)
@@ -277,10 +278,11 @@ class PredictorFrameGraph(nn.Module):
             logits = torch.matmul(rms_norm(h[:, -1], step.norm), step.heads[j])
             code = pick_in_graph(logits, uniforms[j : j + 1], temperature, top_k, top_p, do_sample)
             codes.append(code)
+            heads.append(logits)
             pos += t
             if j < PREDICTOR_STEPS - 1:
                 x = self.tables[j][code][:, None, :]  # [1, 1, H_talker]
-        return torch.cat(codes)
+        return torch.cat(codes), torch.cat(heads)  # codes [15]; logits [15, vocab] (qtts verify plan)
 
 
 class TextProjectionGraph(nn.Module):

@@ -51,6 +51,9 @@ class ExportOptions:
     #: first = 1: the 1-frame first chunk of SynthesisOptions (lowest time to first audio)
     vocoder_first: int = 1
     vocoder_main: int = 8
+    #: also stacked main vocoder steps for these stream counts (a batched server runs that many
+    #: streams' steps in one call: artifacts "main.s2", ...; bitwise equal to one by one); () = none
+    vocoder_streams: tuple = ()
     #: export only these components (default: all)
     components: tuple = COMPONENTS
     #: reuse the vocoder of another bundle (its plan entry, paths made relative to this bundle)
@@ -58,6 +61,9 @@ class ExportOptions:
     #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
     #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True
+    #: storage of the gathered embedding tables (text, codec, predictor codec): "fp16" halves them
+    #: (the 151936 x 2048 text embedding is 1.24 GB in fp32); rows are read back as fp32
+    tables: str = "fp32"
 
 
 # ---------------------------------------------------------------------------- per graph
@@ -118,8 +124,8 @@ def export_predictor_frame(talker, path: str) -> dict:
     args = (torch.zeros(1, talker.cfg.hidden_size), torch.zeros(1, dtype=torch.int64), torch.zeros(PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.bool))  # fmt: skip
     inputs = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
-    export_graph(PredictorFrameGraph(talker).eval(), args, path, inputs, ["codes"], {}, contrib=True)
-    return {"inputs": inputs, "outputs": ["codes"]}
+    export_graph(PredictorFrameGraph(talker).eval(), args, path, inputs, ["codes", "logits"], {}, contrib=True)
+    return {"inputs": inputs, "outputs": ["codes", "logits"]}
 
 
 def export_text_projection(talker, path: str) -> dict:
@@ -133,8 +139,15 @@ def export_text_projection(talker, path: str) -> dict:
     return {"inputs": ["rows"], "outputs": ["embeds"]}
 
 
-def write_tables(talker, out: str) -> dict:
-    """Embedding and RoPE tables as fp32 ``tables/*.npy``; returns name -> path relative to ``out``."""
+TABLE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+_GATHERED = ("text_embedding", "codec_embedding", "predictor_codec_embedding")
+
+
+def write_tables(talker, out: str, storage: str = "fp32") -> dict:
+    """Embedding and RoPE tables as ``tables/*.npy`` (the gathered embeddings in ``storage``, RoPE
+    always fp32); returns name -> path relative to ``out``."""
+    if storage not in TABLE_DTYPES:
+        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(TABLE_DTYPES)}")
     from .graphs import rope_tables
 
     cfg = talker.cfg
@@ -151,7 +164,8 @@ def write_tables(talker, out: str) -> dict:
     os.makedirs(os.path.join(out, "tables"), exist_ok=True)
     for name, arr in tables.items():
         with open(os.path.join(out, "tables", name + ".npy"), "wb") as fh:
-            np.save(fh, np.ascontiguousarray(arr, dtype=np.float32))
+            dtype = TABLE_DTYPES[storage] if name in _GATHERED else np.float32
+            np.save(fh, np.ascontiguousarray(arr, dtype=dtype))
     return {name: f"tables/{name}.npy" for name in tables}
 
 
@@ -185,28 +199,39 @@ def _quantized(export, talker, out: str, name: str, precision: str, opts: Export
     return entry, io, quantize_file(os.path.join(out, name), precision, opts.block_size)
 
 
-def export_generation(talker, out: str, opts: ExportOptions) -> tuple[dict, dict, dict]:
-    """Talker, predictor, text projection and tables -> (plan entries, graph meta, runtime files)."""
+def _phase(progress, name: str) -> None:
+    if progress is not None:
+        progress(name)
+
+
+def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> tuple[dict, dict, dict]:
+    """Talker, predictor, text projection and tables -> (plan entries, graph meta, runtime files);
+    ``progress(phase)`` is told each phase (:mod:`qtts.export.progress`)."""
     cfg, pcfg = talker.cfg, talker.code_predictor.cfg
     if (pcfg.head_dim, pcfg.rope_theta) != (cfg.head_dim, cfg.rope_theta):
         raise InputError("talker and predictor RoPE differ; this exporter shares one table")
     if opts.predictor_mode not in PREDICTOR_MODES:
         raise InputError(f"unknown predictor mode '{opts.predictor_mode}'; use one of {', '.join(PREDICTOR_MODES)}")
     plan, meta = {}, {}
-    files = write_tables(talker, out)
+    _phase(progress, "tables")
+    files = write_tables(talker, out, opts.tables)
+    _phase(progress, "text projection")
     export_text_projection(talker, os.path.join(out, "text_projection.onnx"))
     files["text_projection"] = "text_projection.onnx"
     if "talker" in opts.components:
+        _phase(progress, "talker")
         name = f"talker.{opts.talker}.onnx"
         plan["talker"], io, q = _quantized(export_talker, talker, out, name, opts.talker, opts)
         meta["talker"] = _graph_meta(cfg, io=io, quantization=q)
     if "predictor" in opts.components:
+        _phase(progress, "predictor")
         mode = opts.predictor_mode
         fn = export_predictor_frame if mode == "frame" else export_predictor_step
         name = f"predictor.{mode}.{opts.predictor}.onnx"
         plan["predictor"], io, q = _quantized(fn, talker, out, name, opts.predictor, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
     if opts.batch_graphs:
+        _phase(progress, "batch graphs")
         _batch_graphs(talker, out, opts, plan, meta)
     return plan, meta, files
 
@@ -219,10 +244,14 @@ def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict)
     precision = {"talker": opts.talker} if "talker" in plan else {}
     if "predictor" in plan and opts.predictor_mode == "frame":
         precision["predictor"] = opts.predictor
+    from .vocoder import share_step_weights
+
     written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size))
     for name, info in written.items():
         plan[name]["artifacts"]["batch"] = info["artifact"]
         meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}
+        main = plan[name]["artifacts"]["main"]  # the same weights: one copy on disk for both graphs
+        share_step_weights(out, [main, info["artifact"]], data_name=main[: -len(".onnx")] + ".weights", index_name=None)
 
 
 def _encoders(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
@@ -244,19 +273,22 @@ def _encoders(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]
     return plan, meta
 
 
-def _build(snapshot: str, out: str, final: str, opts: ExportOptions) -> dict:
+def _build(snapshot: str, out: str, final: str, opts: ExportOptions, progress=None) -> dict:
     """Everything ``opts`` asks for, written into ``out``; returns the plan."""
     from .. import __version__
     from ..weights import load_checkpoint
 
     plan, meta, files = {}, {}, {}
     if {"talker", "predictor"} & set(opts.components):
+        _phase(progress, "checkpoint")
         plan, meta, files = export_generation(load_checkpoint(snapshot, components=("talker",)).model.talker,
-                                              out, opts)  # fmt: skip
+                                              out, opts, progress)  # fmt: skip
+    _phase(progress, "encoders")
     enc_plan, enc_meta = _encoders(snapshot, out, opts)
     plan.update(enc_plan)
     meta.update(enc_meta)
     if "vocoder" in opts.components and opts.vocoder_main > 0:
+        _phase(progress, "vocoder")
         plan["vocoder"], meta["vocoder"] = export_vocoder(snapshot, out, opts)
     elif opts.vocoder_from:
         plan["vocoder"] = borrowed_vocoder(opts.vocoder_from, final)
@@ -264,18 +296,18 @@ def _build(snapshot: str, out: str, final: str, opts: ExportOptions) -> dict:
         "qtts_version": __version__, "opset": OPSET, "graphs": meta, "runtime_files": files,
         "source": {**source_info(snapshot), "checkpoint_sha256": checkpoint_hash(snapshot)},
         "precision": {k: v.get("precision", "fp32") for k, v in plan.items()},
-        "options": {"block_size": opts.block_size, "predictor_mode": opts.predictor_mode},
+        "options": {"block_size": opts.block_size, "predictor_mode": opts.predictor_mode, "tables": opts.tables},
     }  # fmt: skip
     write_json(os.path.join(out, MANIFEST), manifest)
     write_json(os.path.join(out, PLAN), plan)
     return plan
 
 
-def export_bundle(model_dir: str, out: str, opts: ExportOptions, overwrite: bool = False) -> dict:
+def export_bundle(model_dir: str, out: str, opts: ExportOptions, overwrite: bool = False, progress=None) -> dict:
     """Export into a fresh bundle at ``out``; returns the plan (also written to plan.json).
 
     An existing non-empty ``out`` is refused unless ``overwrite`` (CLI ``--force``); then it is
-    replaced as a whole, never mixed with the new files.
+    replaced as a whole, never mixed with the new files. ``progress(phase)``: told each phase.
     """
     from ..weights import resolve_snapshot
 
@@ -289,7 +321,7 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions, overwrite: bool
     os.makedirs(parent, exist_ok=True)
     tmp = temp_dir_beside(out, ".bundle.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
-        plan = _build(snapshot, tmp, out, opts)
+        plan = _build(snapshot, tmp, out, opts, progress)
         _swap(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,5 +362,9 @@ def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, 
         info = export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, name))
         artifacts[key] = name
         meta[key] = {k: info[k] for k in ("codes_length", "cache_size", "head_dim", "nodes") if k in info}
+        for streams in opts.vocoder_streams if key == "main" else ():  # a 1-frame stacked step is not bitwise
+            stacked = f"vocoder.b{b}.s{int(streams)}.onnx"
+            export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, stacked), streams=int(streams))
+            artifacts[f"{key}.s{int(streams)}"] = stacked
     share_step_weights(out, sorted(set(artifacts.values())))
     return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta

@@ -8,7 +8,10 @@ Metrics (reusable): :func:`token_agreement`, :func:`first_divergence`, :func:`qt
 * **teacher-forced codebook 0**: the talker of each backend is fed the reference frames; top-1
   agreement of the greedy code-0 pick and the SNR of the talker logits;
 * **codebooks 1-15**: each backend's ``predict_frame`` (greedy) gets the *reference* talker
-  hidden state and code 0 of every frame, so the predictor is measured on its own;
+  hidden state and code 0 of every frame, so the predictor is measured on its own; where the
+  backend reports its predictor logits (torch, ONNX frame graphs) also their SNR, teacher-forced:
+  per frame over the heads whose inputs were still equal (up to and including the first head whose
+  greedy code differs), min / median over frames;
 * **vocoder**: the plan's streaming vocoder (chunks of 2 then 8 frames) against the torch offline
   decode of the reference codes, SNR in dB.
 
@@ -35,6 +38,9 @@ from ..engine.sampling import PredictorSampler
 log = logging.getLogger(__name__)
 
 GATES = {"greedy_equal_rate": 1.0, "vocoder_snr_db": 80.0}
+#: the fidelity half of the rule that picks the default preset (docs/fidelity.md): both logit SNRs,
+#: min over teacher-forced frames, at full size
+DEFAULT_GATE_DB = 25.0
 
 
 def token_agreement(ref: np.ndarray, test: np.ndarray) -> float:
@@ -108,22 +114,49 @@ def _teacher_forced(ref_be, test_be, prompt, lp, speaker, codes: np.ndarray) -> 
 
     lp = replace(lp, max_frames=max(lp.max_frames, len(codes)))
     runs = [_forced_run(be, prompt, lp, speaker, codes) for be in (ref_be, test_be)]
-    code0_ref, code0_test, snrs, cb_ref, cb_test = [], [], [], [], []
+    code0_ref, code0_test, snrs, cb_ref, cb_test, psnrs = [], [], [], [], [], []
     u = np.zeros(PREDICTOR_STEPS)
     for s, ((lr, hr), (lt, _ht)) in enumerate(zip(*runs)):
         history = [int(c) for c in codes[:s, 0]]
         code0_ref.append(pick_code0(lr, history, s, lp, 0.0))
         code0_test.append(pick_code0(lt, history, s, lp, 0.0))
         snrs.append(snr_db(lr, lt))
-        cb_ref.append(ref_be.predict_frame(hr, int(codes[s, 0]), PredictorSampler(lp.predictor), u))
-        cb_test.append(test_be.predict_frame(hr, int(codes[s, 0]), PredictorSampler(lp.predictor), u))
-    finite = [x for x in snrs if math.isfinite(x)]
+        sampler = PredictorSampler(lp.predictor)
+        ref, test = (_predictor(be, hr, int(codes[s, 0]), sampler, u) for be in (ref_be, test_be))
+        cb_ref.append(ref[0])
+        cb_test.append(test[0])
+        if ref[1] is not None and test[1] is not None:
+            psnrs.append(_forced_heads_snr(ref, test))
     return {
         "code0_top1_agreement": token_agreement(np.array(code0_ref), np.array(code0_test)),
         "codebooks_1_15_agreement": token_agreement(np.concatenate(cb_ref), np.concatenate(cb_test)),
-        "talker_logit_snr_db_min": min(snrs) if snrs else float("inf"),
-        "talker_logit_snr_db_median": float(np.median(finite)) if finite else float("inf"),
+        **_snr_stats("talker_logit_snr_db", snrs),
+        **_snr_stats("predictor_logit_snr_db", psnrs if len(psnrs) == len(snrs) else None),
     }
+
+
+def _predictor(backend, hidden, code0: int, sampler, u):
+    """(codes, logits [15, vocab] or None) of one frame from the reference hidden state and code 0."""
+    probe = getattr(backend, "predictor_logits", None)
+    out = probe(hidden, code0, sampler, u) if probe is not None else None
+    return out if out is not None else (backend.predict_frame(hidden, code0, sampler, u), None)
+
+
+def _forced_heads_snr(ref, test) -> float:
+    """SNR of the predictor heads whose inputs were still the same in both runs: every head up to
+    and including the first one whose greedy code differs (the later heads see other codes)."""
+    diff = np.nonzero(np.asarray(ref[0]) != np.asarray(test[0]))[0]
+    n = int(diff[0]) + 1 if len(diff) else len(ref[0])
+    return snr_db(np.asarray(ref[1])[:n], np.asarray(test[1])[:n])
+
+
+def _snr_stats(name: str, snrs) -> dict:
+    """``name``_min / _median over frames (None when not measured: a runtime without logits)."""
+    if snrs is None:
+        return {f"{name}_min": None, f"{name}_median": None}
+    finite = [x for x in snrs if math.isfinite(x)]
+    return {f"{name}_min": min(snrs) if snrs else float("inf"),
+            f"{name}_median": float(np.median(finite)) if finite else float("inf")}  # fmt: skip
 
 
 def _decode_stream(stream, codes: np.ndarray, first: int = 2, chunk: int = 8) -> np.ndarray:
@@ -185,7 +218,7 @@ def verify_plan(
     equal = sum(1 for a, b in zip(ref_codes, test_codes) if np.array_equal(a, b))
     report = {
         "model": os.path.abspath(checkpoint.path),
-        "plan": os.path.abspath(plan_path) if plan_path else f"torch {dtype}",
+        "plan": os.path.abspath(plan_path) if plan_path and plan_path != "torch" else f"torch {dtype}",
         "components": plan_precisions(parts.plan, dtype),
         "frames": int(frames),
         "greedy_frames": [len(ref_codes), len(test_codes)],
@@ -196,6 +229,7 @@ def verify_plan(
     report["vocoder_snr_db"] = _vocoder_snr(parts, checkpoint, ref_codes)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["gated"] = all(p.endswith("/fp32") for p in report["components"].values())
+    report["default_gate"] = _default_gate(report)
     report["passed"] = _gates_pass(report) if report["gated"] else None
     return {k: _plain(v) for k, v in report.items()}
 
@@ -217,6 +251,12 @@ def _gates_pass(report: dict) -> bool:
     )
 
 
+def _default_gate(report: dict):
+    """True / False: both logit SNR minima >= :data:`DEFAULT_GATE_DB`; None: the predictor's were not measured."""
+    low = [report["talker_logit_snr_db_min"], report["predictor_logit_snr_db_min"]]
+    return None if None in low else bool(min(low) >= DEFAULT_GATE_DB)
+
+
 def _fmt(value) -> str:
     if value is None:
         return "-"
@@ -234,6 +274,8 @@ def report_markdown(report: dict) -> str:
         ("codebooks 1-15 agreement (reference hidden)", report["codebooks_1_15_agreement"]),
         ("talker logit SNR dB (min / median)",
          f"{_fmt(report['talker_logit_snr_db_min'])} / {_fmt(report['talker_logit_snr_db_median'])}"),
+        ("predictor logit SNR dB (min / median; reference hidden and code 0)",
+         f"{_fmt(report.get('predictor_logit_snr_db_min'))} / {_fmt(report.get('predictor_logit_snr_db_median'))}"),
         ("vocoder SNR dB (stream vs torch offline)", report["vocoder_snr_db"]),
     ]  # fmt: skip
     verdict = {True: "PASS", False: "FAIL", None: "reported (no gate for quantized plans)"}[report["passed"]]
@@ -243,6 +285,9 @@ def report_markdown(report: dict) -> str:
     lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
     lines += ["", f"Gates (fp32 plans): greedy codes 100 % equal, vocoder >= {GATES['vocoder_snr_db']:.0f} dB: "
               f"**{verdict}**", ""]  # fmt: skip
+    gate = {True: "PASS", False: "FAIL", None: "not measured (no predictor logits)"}[report.get("default_gate")]
+    lines += [f"Default-preset gate (talker and predictor logit SNR min >= {DEFAULT_GATE_DB:g} dB, at full size): "
+              f"**{gate}**", ""]  # fmt: skip
     return "\n".join(lines)
 
 

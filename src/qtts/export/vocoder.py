@@ -42,12 +42,12 @@ def load_decoder(model):
     return ckpt.speech_tokenizer.decoder.float().eval()
 
 
-def step_contract(step) -> StepContract:
+def step_contract(step, streams: int = 1) -> StepContract:
     cfg = step.decoder.config
     return StepContract(
         codes_length=step.codes_length, cache_size=step.cache_size, head_dim=cfg.head_dim,
         kv_slots=step.layout.kv_slots, samples_per_frame=step.samples_per_frame,
-        inv_freq=tuple(float(x) for x in step.inv_freq()), num_quantizers=cfg.num_quantizers,
+        inv_freq=tuple(float(x) for x in step.inv_freq()), num_quantizers=cfg.num_quantizers, streams=int(streams),
     )  # fmt: skip
 
 
@@ -63,17 +63,27 @@ def example_args(step) -> tuple:
     )
 
 
-def export_vocoder_onnx(model, codes_length: int, out: str) -> dict:
-    """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report."""
+def export_vocoder_onnx(model, codes_length: int, out: str, streams: int = 1) -> dict:
+    """Export a B=codes_length step to ``out`` (written to a temp name, then renamed); returns the report.
+
+    ``streams`` > 1: a stacked step (:class:`~qtts.model.vocoder_step.StackedVocoderStep`) that runs
+    that many streams' steps in one call (a batched server's ``run_batch``; bitwise equal to the
+    one-stream step on onnxruntime CPU)."""
     require("torch", "export", "exporting the vocoder")
-    from ..model.vocoder_step import VocoderStep
+    from ..model.vocoder_step import StackedVocoderStep, VocoderStep
 
     if int(codes_length) < 1:
         raise InputError(f"--codes-length must be >= 1, got {codes_length}")
-    step = VocoderStep(load_decoder(model), int(codes_length)).eval()
-    contract = step_contract(step)
+    if int(streams) < 1:
+        raise InputError(f"streams must be >= 1, got {streams}")
+    kind = StackedVocoderStep if int(streams) > 1 else VocoderStep
+    step = kind(load_decoder(model), int(codes_length)).eval()
+    contract = step_contract(step, streams)
+    args = example_args(step)
+    if int(streams) > 1:
+        args = tuple(a[None].repeat(int(streams), *([1] * a.dim())) for a in args)
     out = export_single_file(
-        step, example_args(step), out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
+        step, args, out, STEP_INPUTS, STEP_OUTPUTS, {"qtts.step_contract": contract.to_json()}
     )
     report = graph_report(out)
     report.update(path=out, codes_length=step.codes_length, cache_size=contract.cache_size,
@@ -98,21 +108,23 @@ def _weight_tensors(model):
                 yield attr.t, False
 
 
-def share_step_weights(directory: str, names: list[str]) -> dict:
+def share_step_weights(directory: str, names: list[str], data_name: str = SHARED_DATA,
+                       index_name: str | None = SHARED_INDEX) -> dict:
     """Move the weights of the step graphs ``names`` (files in ``directory``) into ONE file.
 
     Identical tensors (same type, shape and bytes) of different step sizes get one copy in
-    :data:`SHARED_DATA`; each graph points at it as ONNX external data. :data:`SHARED_INDEX`
-    maps every graph's initializer names to (dtype, shape, offset), so a runtime can map each
-    tensor once and hand the same buffer to every step session (docs/performance.md, RSS).
-    Returns the index. Deterministic: the same graphs give the same bytes.
+    ``data_name`` (:data:`SHARED_DATA`); each graph points at it as ONNX external data.
+    ``index_name`` (:data:`SHARED_INDEX`; None: not written) maps every graph's initializer names
+    to (dtype, shape, offset), so a runtime can map each tensor once and hand the same buffer to
+    every step session (docs/performance.md, RSS). A graph's own former ``<name>.data`` file is
+    removed. Returns the index. Deterministic: the same graphs give the same bytes.
     """
     onnx = require("onnx", "export", "ONNX export")
     from onnx import external_data_helper
 
     tensors: dict[str, dict] = {}
     graphs: dict[str, dict] = {}
-    tmp = temp_beside(os.path.join(directory, SHARED_DATA), ".tmp")
+    tmp = temp_beside(os.path.join(directory, data_name), ".tmp")
     with open(tmp, "wb") as data:
         for name in names:
             path = os.path.join(directory, name)
@@ -128,15 +140,19 @@ def share_step_weights(directory: str, names: list[str]) -> dict:
                                     "shape": list(t.dims), "offset": data.tell(), "length": len(t.raw_data)}  # fmt: skip
                     data.write(t.raw_data)
                 info = tensors[key]
-                external_data_helper.set_external_data(t, SHARED_DATA, info["offset"], info["length"])
+                external_data_helper.set_external_data(t, data_name, info["offset"], info["length"])
                 t.ClearField("raw_data")
                 t.data_location = onnx.TensorProto.EXTERNAL
                 if is_init:
                     graphs[name][t.name] = key
             onnx.save(model, path)
-    publish(tmp, os.path.join(directory, SHARED_DATA))
-    index = {"data": SHARED_DATA, "tensors": tensors, "graphs": graphs}
-    write_json(os.path.join(directory, SHARED_INDEX), index)  # temp file + rename
+    publish(tmp, os.path.join(directory, data_name))
+    for name in names:  # their weights now live in data_name
+        if os.path.exists(os.path.join(directory, name + ".data")) and name + ".data" != data_name:
+            os.unlink(os.path.join(directory, name + ".data"))
+    index = {"data": data_name, "tensors": tensors, "graphs": graphs}
+    if index_name is not None:
+        write_json(os.path.join(directory, index_name), index)  # temp file + rename
     return index
 
 

@@ -243,8 +243,14 @@ class VocoderStep(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, audio_codes, freqs_in, cache_valid, cache_in):
-        dec, c, out = self.decoder, self.layout.split(cache_in), {}
-        h = self._conv("pre_conv", self._quantize(audio_codes), c, out)  # [1, latent, B]
+        c, out = self.layout.split(cache_in), {}
+        h = self._decode(self._quantize(audio_codes), freqs_in, cache_valid, c, out)
+        wav = h.clamp(min=-1.0, max=1.0).reshape(-1)
+        return wav, torch.cat([out[e.name].reshape(-1) for e in self.layout.entries])
+
+    def _decode(self, latent, freqs_in, cache_valid, c: dict, out: dict) -> torch.Tensor:
+        dec = self.decoder
+        h = self._conv("pre_conv", latent, c, out)  # [streams, latent, B]
         h = self._transformer(h.transpose(1, 2), freqs_in, cache_valid, c, out).transpose(1, 2)
         for i, (_, block) in enumerate(dec.upsample):
             h = self._convt(f"upsample.{i}.0", h, c, out)
@@ -257,7 +263,61 @@ class VocoderStep(nn.Module):
                 y = self._conv(unit + ".conv1", self._snake(unit + ".act1", h), c, out)
                 h = h + dec.get_submodule(unit).conv2.conv(self._snake(unit + ".act2", y))
         last = len(dec.decoder) - 1
-        h = self._conv(f"decoder.{last}", self._snake(f"decoder.{last - 1}", h), c, out)
-        wav = h.clamp(min=-1.0, max=1.0).reshape(-1)
-        return wav, torch.cat([out[e.name].reshape(-1) for e in self.layout.entries])
+        return self._conv(f"decoder.{last}", self._snake(f"decoder.{last - 1}", h), c, out)
 
+
+class StackedVocoderStep(VocoderStep):
+    """Several streams' B-frame steps in one call, each stream at its own position and state:
+
+    inputs   audio_codes [S, 1, 16, B] int64, freqs_in [S, B, head_dim/2], cache_valid [S, 1],
+             cache_in [S, N]   (S = any number of streams: a dynamic axis)
+    outputs  audio_values [S, B*1920], cache_out [S, N]
+
+    The per-stream math is :class:`VocoderStep`'s; only the leading stream axis is new (the
+    single-stream step, whose graph is tuned for NPUs, is left as it is).
+    """
+
+    def _split(self, flat: torch.Tensor) -> dict:
+        n = flat.shape[0]
+        return {e.name: flat[:, e.offset : e.offset + e.size].reshape(n, *e.shape) for e in self.layout.entries}
+
+    def _conv(self, name: str, x: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
+        conv = self.decoder.get_submodule(name).conv
+        xin = torch.cat([c[name], x], dim=-1)
+        out[name] = xin[:, :, -c[name].shape[-1] :]
+        return conv(xin)
+
+    def _convt(self, name: str, x: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
+        mod = self.decoder.get_submodule(name)
+        if name not in c:
+            return mod(x)
+        n = c[name].shape[-1]
+        xin = torch.cat([c[name], x], dim=-1)
+        out[name] = xin[:, :, -n:]
+        y = mod.conv(xin)
+        return y[..., n * mod.stride : -mod.trim] if mod.trim else y[..., n * mod.stride :]
+
+    def _transformer(self, x, freqs, cache_valid, c: dict, out: dict) -> torch.Tensor:
+        t = self.decoder.pre_transformer
+        kv = self.layout.kv_slots
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [S, 1, B, head_dim]: per-stream positions
+        cos, sin = emb.cos(), emb.sin()
+        phantom = torch.clamp(kv - cache_valid - self.slot_idx, 0.0, 1.0)  # [S, kv]
+        bias = self.attn_mask + torch.matmul(MASK_VALUE * phantom, self.slot_bias_proj)[:, None, None, :]
+        h = t.input_proj(x)
+        for i, layer in enumerate(t.layers):
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h), cos, sin)
+            kname, vname = f"pre_transformer.layers.{i}.k", f"pre_transformer.layers.{i}.v"
+            k_all = torch.matmul(self.kv_sel_hist, c[kname]) + torch.matmul(self.kv_sel_cur, k)
+            v_all = torch.matmul(self.kv_sel_hist, c[vname]) + torch.matmul(self.kv_sel_cur, v)
+            out[kname] = k_all[:, :, -kv:]
+            out[vname] = v_all[:, :, -kv:]
+            h = layer.finish(h, attend(q, k_all, v_all, bias))
+        return t.output_proj(t.norm(h))
+
+    def forward(self, audio_codes, freqs_in, cache_valid, cache_in):
+        c, out = self._split(cache_in), {}
+        n = cache_in.shape[0]
+        h = self._decode(self._quantize(audio_codes[:, 0]), freqs_in, cache_valid, c, out)
+        wav = h.clamp(min=-1.0, max=1.0).reshape(n, -1)
+        return wav, torch.cat([out[e.name].reshape(n, -1) for e in self.layout.entries], dim=1)

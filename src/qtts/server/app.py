@@ -22,7 +22,7 @@ from fastapi.responses import PlainTextResponse
 
 from .. import __version__
 from .errors import ERROR_RESPONSES, ApiError, install_error_handlers
-from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer
+from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer, capacity_gauges
 from .middleware import AccessMiddleware
 from .settings import ServerSettings
 from .voices import VoiceStore, engine_languages, engine_speakers
@@ -60,6 +60,7 @@ class ServerState:
         self.engine = None
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
+        self.building: str | None = None  # "building plan 'fast', 42 % (talker)" while a bundle is built
         self._observer = None
         self.started = time.time()
         self._lock = threading.Lock()
@@ -68,9 +69,12 @@ class ServerState:
     def ready(self) -> bool:
         return self.scheduler is not None
 
-    def set_engine(self, engine) -> None:
-        """Install the loaded engine(s); the server is ready afterwards. Callable from any thread."""
-        slots = make_slots(engine, self.settings.slots)
+    def set_engine(self, engine, capacity: int | None = None) -> None:
+        """Install the loaded engine(s); the server is ready afterwards. Callable from any thread.
+        ``capacity``: streams held in real time, as measured at start-up (else the settings')."""
+        slots = self.settings.slots if capacity is None else min(capacity, max(self.settings.max_concurrency,
+                                                                               self.settings.max_batch))
+        slots = make_slots(engine, slots)[:slots]
         with self._lock:
             self.scheduler = Scheduler(slots, self.settings.max_queue, self.settings.queue_timeout_s,
                                        self.metrics)
@@ -91,9 +95,18 @@ class ServerState:
     def set_load_error(self, message: str) -> None:
         self.load_error = message
 
+    def build_listener(self, what: str):
+        """A :mod:`qtts.export.progress` listener: /health says how far the plan build is."""
+
+        def listen(percent: int, phase: str) -> None:
+            self.building = None if phase == "done" else f"building {what}, {percent} % ({phase})"
+
+        return listen
+
     def require_ready(self) -> None:
         if not self.ready:
-            why = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
+            why = f"model failed to load: {self.load_error}" if self.load_error else (
+                self.building or "model is still loading")
             raise ApiError(503, f"not ready: {why}; poll GET /health", "not_ready",
                            headers={"Retry-After": "5"})
 
@@ -104,6 +117,11 @@ class ServerState:
             value = getattr(e, attr, None)
             if isinstance(value, (str, int, float)):
                 info[attr] = value
+        plan = getattr(getattr(e, "components", None), "plan", None)
+        if plan is not None:
+            from ..backends.cache import plan_label
+
+            info["plan"] = plan_label(plan)
         info["speakers"] = engine_speakers(e)
         info["languages"] = engine_languages(e)
         return info
@@ -126,7 +144,8 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         sched = state.scheduler
         return {"status": "ok", "model": state.model_info(), "uptime_s": round(time.time() - state.started, 1),
                 "max_concurrency": sched.capacity, "in_flight": sched.in_flight, "queue_depth": sched.queue_depth,
-                "max_queue": sched.max_queue, **_batch_health(state.engine)}
+                "max_queue": sched.max_queue, **_batch_health(state.engine),
+                **capacity_gauges(state.metrics, sched, state.engine)}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -134,6 +153,7 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         if state.scheduler is not None:
             state.metrics.queue_depth.set(state.scheduler.queue_depth)
             state.metrics.in_flight.set(state.scheduler.in_flight)
+            capacity_gauges(state.metrics, state.scheduler, state.engine)
         return PlainTextResponse(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
@@ -158,8 +178,10 @@ def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
         yield
         state.shutdown()
 
-    # redirect_slashes=False: Starlette builds the redirect from the client's Host header
+    # redirect_slashes=False: Starlette builds the redirect from the client's Host header.
+    # docs_url/redoc_url=None: FastAPI's pages load Swagger UI/ReDoc from a CDN; /docs is ours (page.py)
     app = FastAPI(title="qtts", version=__version__, lifespan=lifespan, redirect_slashes=False,
+                  docs_url=None, redoc_url=None,
                   description="Streaming Qwen3-TTS speech synthesis with an OpenAI-compatible API.")
     app.state.qtts = state
     install_error_handlers(app)

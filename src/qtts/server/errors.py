@@ -125,9 +125,25 @@ def validation_message(errors) -> tuple[str, str | None]:
     return "; ".join(msgs) or "invalid request", first
 
 
+#: library words -> HTTP words: model sizes as users spell them, request fields for keywords
+_HTTP_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "'voice' <"), ("instruct=...", "'instructions'"),
+               ("voice=<Voice or .voice file>", "'voice' (an uploaded voice: POST /v1/voices with the reference "
+                "clip as 'file' and its transcript as 'ref_text')"),
+               ("instruct=<a description of the voice>", "'instructions' (a description of the voice)"))
+
+
+def http_words(message: str) -> str:
+    """A library message in the words of this API (field names, not CLI flags or keywords)."""
+    for lib, http in _HTTP_WORDS:
+        message = message.replace(lib, http)
+    return message
+
+
 def public_message(message: str, directory: str | None) -> str:
     """``message`` with every path under ``directory`` (the voices directory) shortened to
-    ``<voices>/...``, so error bodies never reveal where the server keeps its files."""
+    ``<voices>/...``, so error bodies never reveal where the server keeps its files; library words
+    become HTTP words (:func:`http_words`)."""
+    message = http_words(message)
     if not directory:
         return message
     sep = re.escape(os.sep)

@@ -8,9 +8,13 @@ speaker and speech encoders of voice cloning.) What streams:
   per chunk;
 * ``pcm``: raw signed 16-bit little-endian mono at 24 kHz, per chunk (OpenAI's ``pcm``);
 * ``opus``: Ogg/Opus pages as libsndfile emits them (bytes leave as pages fill, ~0.5 s);
-* ``flac`` and ``mp3``: written once at the end, because their headers (FLAC STREAMINFO sample
-  count, the MP3 Xing frame count) are patched when the file is closed and many decoders trust
-  them; the response is still chunked but its bytes arrive when generation ends.
+* ``mp3`` (the default, as OpenAI's): constant-bitrate MPEG-2 Layer III frames (80 kbit/s) as
+  LAME emits them, per chunk. libsndfile patches the first frame (LAME's Xing/Info tag) when the
+  file closes; a stream cannot take bytes back, so the first frame stays the silent placeholder
+  LAME wrote (24 ms of silence) and decoders take the length from the constant bitrate;
+* ``flac``: written once at the end, because its STREAMINFO sample count is patched when the file
+  is closed and many decoders trust it; the response is still chunked but its bytes arrive when
+  generation ends.
 
 All of them use ``soundfile`` (libsndfile wheel), a core dependency: no system tools.
 """
@@ -98,10 +102,14 @@ class _AppendOnlyFile(io.RawIOBase):
 
 
 class SoundfileWriter(FormatWriter):
-    """flac / mp3 / opus through libsndfile; ``streams`` says whether bytes leave per chunk."""
+    """flac / mp3 / opus through libsndfile; ``streams`` says whether bytes leave per chunk (then
+    bytes libsndfile rewrites at close, before what was sent, are not sent again)."""
 
-    _FORMATS = {"flac": ("FLAC", "PCM_16", False), "mp3": ("MP3", "MPEG_LAYER_III", False),
+    _FORMATS = {"flac": ("FLAC", "PCM_16", False), "mp3": ("MP3", "MPEG_LAYER_III", True),
                 "opus": ("OGG", "OPUS", True)}
+    #: mp3: constant bitrate (a stream has no Xing frame count, so decoders size it by the bitrate);
+    #: compression level 0.5 = 80 kbit/s at 24 kHz mono
+    _EXTRA = {"mp3": {"bitrate_mode": "CONSTANT", "compression_level": 0.5}}
 
     def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE):
         super().__init__(sample_rate)
@@ -111,7 +119,8 @@ class SoundfileWriter(FormatWriter):
         container, subtype, self.streams = self._FORMATS[fmt]
         self._file = _AppendOnlyFile()
         self._sf = soundfile.SoundFile(
-            self._file, "w", samplerate=sample_rate, channels=1, format=container, subtype=subtype
+            self._file, "w", samplerate=sample_rate, channels=1, format=container, subtype=subtype,
+            **self._EXTRA.get(fmt, {}),
         )
 
     def write(self, samples: np.ndarray) -> bytes:

@@ -137,12 +137,19 @@ class ServerMetrics:
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for a worker.")
         self.in_flight = Gauge(p + "in_flight", "Generations running now.")
         self.ready = Gauge(p + "ready", "1 when the model is loaded and the server accepts work.")
+        self.capacity = Gauge(p + "capacity", "Streams the server holds in real time at once (configured "
+                              "or measured at start-up); more wait in the queue.")
+        self.active_streams = Gauge(p + "active_streams", "Streams being generated now (at most the capacity).")
+        self.margin = Gauge(p + "stream_margin_seconds", "Real-time margin of the active streams: audio "
+                            "delivered minus wall time since each stream's first audio ('min' over the "
+                            "streams, and 'mean'); below 0 a listener stalls.", ("stat",))
 
     def render(self) -> str:
         lines: list[str] = []
         for m in (self.requests, self.errors, self.audio_seconds, self.frames, self.cancelled, self.rtf,
                   self.ttfa, self.queue_wait, self.connections_closed, self.batch_size, self.frame_seconds,
-                  self.batch_streams, self.queue_depth, self.in_flight, self.ready):
+                  self.batch_streams, self.queue_depth, self.in_flight, self.ready, self.capacity,
+                  self.active_streams, self.margin):
             lines += m.render()
         return "\n".join(lines) + "\n"
 
@@ -159,3 +166,18 @@ def batch_observer(metrics: ServerMetrics):
         metrics.batch_streams.set(stats.waiting, state="waiting")
 
     return observe
+
+
+def capacity_gauges(metrics: ServerMetrics, scheduler, engine) -> dict:
+    """Set the capacity gauges from the scheduler and the engine's vocoder batcher (if any); the
+    same facts for /health: capacity, active streams and their real-time margins."""
+    batcher = getattr(engine, "vocoder_batch", None)
+    margins = sorted(batcher.margins()) if callable(getattr(batcher, "margins", None)) else []
+    metrics.capacity.set(scheduler.capacity)
+    metrics.active_streams.set(scheduler.in_flight)
+    low = margins[0] if margins else 0.0
+    mean = sum(margins) / len(margins) if margins else 0.0
+    metrics.margin.set(low, stat="min")
+    metrics.margin.set(mean, stat="mean")
+    return {"capacity": scheduler.capacity, "active_streams": scheduler.in_flight,
+            "margin_s": [round(m, 3) for m in margins]}

@@ -9,6 +9,10 @@ JSON access log.
   raised before the route parsed the body), the rest of the body is read and dropped first, up
   to ``DRAIN_CAP`` bytes: closing a socket with unread bytes makes the kernel send a TCP reset,
   which can destroy the response before the client reads it.
+* The origin policy (:mod:`qtts.server.origin`): a request whose ``Host`` does not name the
+  server, or a WebSocket upgrade / state-changing request from another origin, gets 403 (the
+  WebSocket handshake is refused with it) before any route runs.
+* Every HTTP response carries ``X-Content-Type-Options: nosniff``.
 * One access-log record per request on the ``qtts.server.access`` logger, as a JSON object:
   request id, method, path, route, status, duration, bytes sent, plus what the route added
   (frames, audio seconds, time to first audio, finish reason, cancelled).
@@ -25,6 +29,7 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import error_body
+from .origin import OriginPolicy
 
 access_log = logging.getLogger("qtts.server.access")
 #: use with ``fullmatch`` (``$`` would also match before a final newline)
@@ -98,6 +103,7 @@ class AccessMiddleware:
     def __init__(self, app, state):
         self.app = app
         self.state = state
+        self.policy = OriginPolicy(state.settings)
 
     def _limit(self, scope) -> int:
         s = self.state.settings
@@ -106,6 +112,11 @@ class AccessMiddleware:
         return s.max_body_bytes
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            refusal = self.policy.refusal(scope)
+            if refusal is None:
+                return await self.app(scope, receive, send)
+            return await self._refuse_websocket(scope, receive, send, refusal)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
@@ -122,13 +133,19 @@ class AccessMiddleware:
                 info["status"] = message["status"]
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
+                if not any(k.lower() == b"x-content-type-options" for k, _ in message["headers"]):
+                    message["headers"].append((b"x-content-type-options", b"nosniff"))
             elif message["type"] == "http.response.body":
                 info["bytes"] += len(message.get("body", b""))
             await send(message)
 
         try:
             wrong_type = _wrong_content_type(scope["method"], scope["path"], headers)
-            if body.length > body.limit:
+            refusal = self.policy.refusal(scope)
+            if refusal is not None:
+                extra["error"] = refusal[1][:200]
+                await self._reject(send_wrapper, 403, refusal[1], refusal[0])
+            elif body.length > body.limit:
                 await self._reject(send_wrapper, 413, f"request body too large: {body.length} bytes; the limit "
                                    f"is {body.limit} bytes")
             elif wrong_type:
@@ -151,6 +168,19 @@ class AccessMiddleware:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+    async def _refuse_websocket(self, scope, receive, send, refusal: tuple[str, str]) -> None:
+        """Refuse the handshake with 403 (the app never runs; the reason goes to the access log)."""
+        await receive()  # websocket.connect
+        await send({"type": "websocket.close", "code": 1008, "reason": refusal[0]})  # before accept: HTTP 403
+        refusal = refusal[1]
+        self.state.metrics.requests.inc(route=scope["path"] if scope["path"] == "/v1/audio/speech/stream"
+                                        else "unmatched", method="WS", status="403")
+        if self.state.settings.access_log:
+            client = scope.get("client")
+            access_log.info(json.dumps({"method": "WS", "path": scope["path"][:200], "status": 403,
+                                        "client": f"{client[0]}:{client[1]}" if client else None,
+                                        "error": refusal[:200]}, ensure_ascii=True))
 
     def _finish(self, scope, info: dict, extra: dict, rid: str, t0: float) -> None:
         route = scope.get("route")

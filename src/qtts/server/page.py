@@ -4,6 +4,10 @@ Plain HTML, CSS and JavaScript shipped in ``qtts/server/static/`` (no build step
 a CDN). The page uses the public API only: ``GET /v1/voices``, ``POST /v1/voices`` (uploads) and
 ``POST /v1/audio/speech`` with ``response_format: "pcm"``, whose body it reads as a stream and
 schedules into WebAudio as it arrives. ``GET /ui/info`` tells it what the served model takes.
+
+``/docs`` is the API reference: ``/openapi.json`` rendered by ``docs.js`` from the same folder
+(FastAPI's Swagger UI and ReDoc pages load their scripts from a CDN, so the app turns them off:
+offline they are blank, and opening them would make the browser contact another host).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
+    "docs.html": "text/html; charset=utf-8",
+    "docs.js": "text/javascript; charset=utf-8",
 }
 
 
@@ -56,6 +62,16 @@ async def script() -> Response:
 @router.get("/ui/style.css", include_in_schema=False)
 async def style() -> Response:
     return _serve("style.css")
+
+
+@router.get("/docs", include_in_schema=False)
+async def docs() -> Response:
+    return _serve("docs.html")
+
+
+@router.get("/ui/docs.js", include_in_schema=False)
+async def docs_script() -> Response:
+    return _serve("docs.js")
 
 
 @router.get("/ui/icon.svg", include_in_schema=False)

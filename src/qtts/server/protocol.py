@@ -12,10 +12,16 @@ follows the h11 state of the client's side of each connection:
   headers (a total, not an idle timer, so a 1 byte/s trickle is cut too);
 * a response whose client stops reading (the transport's send buffer stays full) is aborted
   after ``write_timeout_s``;
-* past ``max_connections`` open connections a new one is answered 503 and closed at once.
+* past ``max_connections`` open connections, or ``max_connections_per_client`` from one client
+  address, a new one is answered 503 and closed at once.
 
-A WebSocket upgrade hands the transport to uvicorn's WebSocket protocol; the timers stop there
-(a live speech session may last many minutes; it has its own idle and length limits).
+A WebSocket upgrade hands the transport to :class:`GuardedWebSocketProtocol` (uvicorn's sans-I/O
+``websockets`` protocol); the header and body timers stop there (a live speech session may last
+many minutes; it has its own idle and length limits), and the socket keeps a write deadline: a
+client that reads nothing for ``write_timeout_s`` while audio waits is aborted. Pings are
+answered only while the client reads what the server sends (reading from the socket pauses
+while the send buffer is full, so a ping flood waits in the client's own buffers), and more
+than ``ws_max_pings_per_s`` (a burst of twice as many) closes the socket with 1008.
 
 A timed-out request that has no response yet gets ``408`` (OpenAI-style JSON) before the close;
 an idle keep-alive connection that has not started its next request is closed without one (a
@@ -27,9 +33,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from .errors import error_body
 
@@ -56,11 +64,10 @@ class GuardedH11Protocol(H11Protocol):
         self._write_timer = None
         self._served = False  # a response was completed on this connection
         self._partial = False  # bytes of the next request arrived, its headers are not complete
-        limit = self.state.settings.max_connections
-        if len(self.connections) > limit:
-            self._count("over_limit")
-            transport.write(_raw_response(503, "Service Unavailable", f"too many open connections (the limit "
-                                          f"is {limit}); retry shortly", "retry-after: 1\r\n"))
+        refusal = over_limit(self.connections, self.client, self.state.settings)
+        if refusal is not None:
+            self._count(refusal[0])
+            transport.write(_raw_response(503, "Service Unavailable", refusal[1], "retry-after: 1\r\n"))
             transport.close()
             return
         self._follow()
@@ -159,6 +166,114 @@ class GuardedH11Protocol(H11Protocol):
             self._write_timer = None
 
 
+def over_limit(connections, client, settings) -> tuple[str, str] | None:
+    """(reason, message) when one more connection from ``client`` passes a connection cap."""
+    limit = settings.max_connections
+    if len(connections) > limit:
+        return "over_limit", f"too many open connections (the limit is {limit}); retry shortly"
+    host = client[0] if client else None
+    per = settings.max_connections_per_client
+    if host is not None and len(connections) > per:
+        mine = sum(1 for c in connections if (getattr(c, "client", None) or (None,))[0] == host)
+        if mine > per:
+            return "over_client_limit", (f"too many open connections from {host} (the limit is {per} per client "
+                                         "address); close some, or retry shortly")
+    return None
+
+
+class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol with a write deadline, ping limits and backpressure (module
+    docstring); ``state`` is set on the subclass made by :func:`guarded_ws_protocol`."""
+
+    state = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._write_timer = None
+        rate = self.state.settings.ws_max_pings_per_s
+        self._ping_rate, self._ping_burst = rate, 2 * rate
+        self._ping_tokens, self._ping_at = 2 * rate, time.monotonic()
+        self._reading_held = False  # reading paused because the send buffer is full
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_write()
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if not self._reading_held and not self.transport.is_closing():
+            self._reading_held = True
+            self.transport.pause_reading()  # backpressure: pings and messages wait in the client's buffers
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.state.settings.write_timeout_s, self._write_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_write()
+        if self._reading_held:
+            self._reading_held = False
+            if not self.read_paused and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    async def receive(self):
+        message = await self.queue.get()
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            if not self._reading_held:  # (uvicorn's resumes reading here, even with a full send buffer)
+                self.transport.resume_reading()
+        return message
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        # the session is over; a client that never reads its last frames (or the close) would keep
+        # the socket open while the transport waits to flush: abort it after the write deadline
+        self.loop.call_later(self.state.settings.write_timeout_s + self.close_timeout, self._reap)
+
+    def _reap(self) -> None:
+        if not self.disconnected:
+            self._write_timeout()
+
+    def handle_ping(self) -> None:
+        now = time.monotonic()
+        self._ping_tokens = min(self._ping_burst, self._ping_tokens + (now - self._ping_at) * self._ping_rate)
+        self._ping_at = now
+        if self._ping_tokens < 1:
+            self._policy_close(f"more than {self._ping_rate:g} pings per second")
+            return
+        self._ping_tokens -= 1
+        super().handle_ping()
+
+    def _policy_close(self, reason: str) -> None:
+        if self.close_sent or self.transport.is_closing():
+            return
+        self.state.metrics.connections_closed.inc(reason="ws_ping_flood")
+        log.info("closing a WebSocket from %s: %s", self.client, reason)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": 1008, "reason": reason})
+        self.conn.send_close(1008, reason)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.abort)
+
+    def _write_timeout(self) -> None:
+        self._write_timer = None
+        if self.disconnected:
+            return
+        self.state.metrics.connections_closed.inc(reason="write_timeout")
+        log.info("closing a WebSocket from %s: it read nothing for %g s", self.client,
+                 self.state.settings.write_timeout_s)
+        self.transport.abort()  # close() would wait for the unread buffer to drain
+
+    def _cancel_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+
 def guarded_protocol(state) -> type[GuardedH11Protocol]:
     """The protocol class for uvicorn's ``http=`` option, bound to the app's settings and metrics."""
     return type("QttsH11Protocol", (GuardedH11Protocol,), {"state": state})
+
+
+def guarded_ws_protocol(state) -> type[GuardedWebSocketProtocol]:
+    """The protocol class for uvicorn's ``ws=`` option, bound to the app's settings and metrics."""
+    return type("QttsWebSocketProtocol", (GuardedWebSocketProtocol,), {"state": state})

@@ -46,7 +46,8 @@ def patient_proxy_env() -> None:
 class RayConfig:
     #: snapshot dir or hub id; the same path must exist on every node that runs a replica
     model: str
-    #: execution plan JSON (same path on every node); None = torch fp32
+    #: execution plan JSON (same path on every node), a preset name or "torch"; None = the default
+    #: preset (each node builds or finds it in its cache; `qtts serve --ray` resolves it first)
     plan: str | None = None
     dtype: str = "float32"
     #: intra-op threads per replica (None: qtts's default for the model size)

@@ -34,15 +34,15 @@ WS_MAX_BYTES = 4 * 1024 * 1024
 
 def _config(app, log_level: str, access_log: bool):
     """uvicorn settings: the guarded h11 protocol (timeouts, connection cap) from the app's settings,
-    and the ``websockets`` (sans-I/O) protocol for the live speech WebSocket."""
+    and the guarded ``websockets`` (sans-I/O) protocol for the live speech WebSocket."""
     uvicorn = require("uvicorn", "serve", "the HTTP server")
     require("websockets", "serve", "the WebSocket endpoint /v1/audio/speech/stream")
-    from .protocol import guarded_protocol
+    from .protocol import guarded_protocol, guarded_ws_protocol
 
     state = app.state.qtts
     return uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                           timeout_graceful_shutdown=5, http=guarded_protocol(state),
-                          timeout_keep_alive=state.settings.keep_alive_s, ws="websockets-sansio",
+                          timeout_keep_alive=state.settings.keep_alive_s, ws=guarded_ws_protocol(state),
                           ws_max_size=WS_MAX_BYTES)
 
 

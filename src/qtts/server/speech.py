@@ -45,10 +45,10 @@ class SpeechRequest(BaseModel):
     model: str | None = Field(None, max_length=256, description="Accepted and reported; one model is served.")
     input: str = Field(..., description="Text to speak (1..max_input_chars characters).")
     voice: Annotated[str, Field(max_length=256)] | VoiceRef | None = Field(
-        None, description='An uploaded voice id (GET /v1/voices) or a built-in speaker name, as a string '
-        'or as {"id": ...}.')
-    response_format: Format | None = Field(None, description="wav (default), pcm (s16le 24 kHz mono), "
-                                           "flac, mp3 or opus.")
+        None, description='An uploaded voice id (GET /v1/voices), a built-in speaker name or an OpenAI '
+        'voice name mapped by the alias table (alloy, nova, ...), as a string or as {"id": ...}.')
+    response_format: Format | None = Field(None, description="mp3 (default, as OpenAI; the server's "
+                                           "--default-format), wav, pcm (s16le 24 kHz mono), flac or opus.")
     speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
                                 description="Speaking rate 0.25-4.0 (1.0 = unchanged): a pitch-preserving "
                                 "time stretch applied while streaming.")
@@ -118,10 +118,36 @@ def _options(req: SpeechRequest, settings):
 
 
 async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str | None]:
+    """(Voice, speaker) of the request's ``voice``: ``--voice-alias``, speaker, uploaded voice, default
+    alias (see :mod:`qtts.server.aliases`)."""
+    from .aliases import OPENAI_VOICES, configured, default_target
+
     name = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
     if name is None:
         return None, None
     speakers = engine_speakers(state.engine)
+    target = configured(state.settings.voice_aliases).get(name.lower())
+    if target is not None:
+        return await _named_voice(target, state, speakers, alias=name)
+    found = await _named_voice(name, state, speakers)
+    if found is not None:
+        return found
+    target = default_target(name, speakers)
+    if target is not None:
+        return None, target
+    known = [v["id"] for v in state.store.list()][:20] + speakers
+    choices = f"this server's voices: {', '.join(known)}" if known else "this server has no voices yet"
+    if name.lower() in OPENAI_VOICES:
+        raise ApiError(400, f"voice {name!r} is an OpenAI voice name that this server does not map; {choices} "
+                       f"(the server operator maps it with qtts serve --voice-alias {name.lower()}=VOICE)",
+                       "voice_not_mapped", "voice")
+    hint = choices if known else "upload one with POST /v1/voices"
+    raise ApiError(404, f"unknown voice {name!r}; {hint}", "voice_not_found", "voice")
+
+
+async def _named_voice(name: str, state, speakers: list[str], alias: str | None = None):
+    """A built-in speaker or an uploaded voice called ``name``; None when there is none (an alias
+    whose target is missing is a 400)."""
     by_lower = {s.lower(): s for s in speakers}
     if name.lower() in by_lower:
         return None, by_lower[name.lower()]
@@ -133,9 +159,11 @@ async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str 
             return await asyncio.to_thread(state.store.load, name), None
         except InputError as exc:
             raise ApiError(400, f"voice {name!r} cannot be used: {exc}", "invalid_voice", "voice") from None
-    known = [v["id"] for v in state.store.list()][:20] + speakers
-    hint = f"known voices: {', '.join(known)}" if known else "upload one with POST /v1/voices"
-    raise ApiError(404, f"unknown voice {name!r}; {hint}", "voice_not_found", "voice")
+    if alias is not None:
+        raise ApiError(400, f"voice {alias!r} is an alias of {name!r} (--voice-alias), which is neither a "
+                       f"speaker of the model ({', '.join(speakers) or 'none'}) nor an uploaded voice",
+                       "voice_not_mapped", "voice")
+    return None
 
 
 def _produce(plan: SpeechPlan, metrics):

@@ -15,17 +15,27 @@ import asyncio
 import contextlib
 import json
 import logging
-import queue
 import time
 from types import SimpleNamespace
+from typing import Annotated
 
-from fastapi import APIRouter, WebSocket
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from .errors import ApiError, public_message, validation_message
 from .formats import open_format
+from .live_limits import (
+    ESCAPE_FACTOR,
+    MAX_JSON_DEPTH,
+    MESSAGE_OVERHEAD,
+    TextPieces,
+    TokenBucket,
+    capped_chunk,
+    speakable,
+    too_deep,
+)
 from .speech import Format, VoiceRef, _engine_error, _record, _resolve_voice, _with_cancel
 from .worker import Job
 
@@ -45,7 +55,8 @@ class SessionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, max_length=256)
-    voice: str | VoiceRef | None = Field(None, description="An uploaded voice id or a built-in speaker.")
+    voice: Annotated[str, Field(max_length=256)] | VoiceRef | None = Field(
+        None, description="An uploaded voice id or a built-in speaker.")
     speaker: str | None = Field(None, max_length=256, description="A built-in speaker (CustomVoice).")
     response_format: Format | None = None
     instruct: str | None = Field(None, max_length=2000)
@@ -59,8 +70,8 @@ class SessionConfig(BaseModel):
     greedy: bool | None = None
     speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False,
                                 description="Speaking rate (a pitch-preserving time stretch), as for POST.")
-    max_frames: int | None = Field(None, ge=1, description="Frame budget of each talker context (at most the "
-                                   "server's max_frames); None = by text length.")
+    max_frames: int | None = Field(None, ge=1, description="Frames of the whole session (and the budget of each "
+                                   "talker context), at most the server's max_frames; None = the server's cap.")
     chunk_events: bool | None = Field(None, description="Send an audio.chunk event after each audio frame.")
 
 
@@ -74,25 +85,6 @@ class SessionError(Exception):
 
 class Disconnected(Exception):
     """The client went away (or stopped reading)."""
-
-
-class TextPieces:
-    """Text deltas from the event loop to the engine's reader thread: a blocking iterable."""
-
-    _END = object()
-
-    def __init__(self):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-
-    def push(self, piece: str) -> None:
-        self._q.put(piece)
-
-    def close(self) -> None:
-        self._q.put(self._END)
-
-    def __iter__(self):
-        while (item := self._q.get()) is not self._END:
-            yield item
 
 
 def _options(cfg: SessionConfig, settings):
@@ -110,6 +102,7 @@ def _options(cfg: SessionConfig, settings):
 def _produce(session: LiveSession, voice, speaker, options):
     """Worker-thread body: engine chunks -> (audio bytes, chunk info); stats in ``session.stats``."""
     cfg, pieces, stats, metrics = session.cfg, session.pieces, session.stats, session.state.metrics
+    cap = cfg.max_frames or session.settings.max_frames  # frames of the whole session
 
     def run(engine, cancel):
         writer = open_format(session.fmt)
@@ -121,14 +114,18 @@ def _produce(session: LiveSession, voice, speaker, options):
             for chunk in stream:
                 if cancel.is_set():
                     break
-                metrics.frames.inc(chunk.num_frames)
-                stats["frames"] = stats.get("frames", 0) + chunk.num_frames
-                stats["audio_s"] = stats.get("audio_s", 0.0) + len(chunk.samples) / chunk.sample_rate
-                if chunk.is_final:
-                    stats.update(finish_reason=chunk.finish_reason, contexts=chunk.info.get("pieces"),
-                                 text_wait_s=chunk.info.get("text_wait_s"))
-                data, pending = pending + writer.write(chunk.samples), b""
-                yield data, {"frame_start": chunk.frame_start, "frames": chunk.num_frames}
+                samples, n = capped_chunk(chunk, stats.get("frames", 0), cap)
+                capped = stats.get("frames", 0) + n >= cap and not chunk.is_final
+                metrics.frames.inc(n)
+                stats["frames"] = stats.get("frames", 0) + n
+                stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
+                if chunk.is_final or capped:
+                    stats.update(finish_reason="length" if capped else chunk.finish_reason,
+                                 contexts=chunk.info.get("pieces"), text_wait_s=chunk.info.get("text_wait_s"))
+                data, pending = pending + writer.write(samples), b""
+                yield data, {"frame_start": chunk.frame_start, "frames": n}
+                if capped:
+                    break
             if not cancel.is_set():
                 stats["completed"] = True
                 yield pending + writer.finish(), None
@@ -158,10 +155,11 @@ class LiveSession:
         self.job: Job | None = None
         self.close_code: int | None = None
         self._send_lock = asyncio.Lock()
+        self.rate = TokenBucket(self.settings.ws_max_messages_per_s)
 
     async def run(self) -> None:
-        await self.ws.accept()
         try:
+            await self.ws.accept()
             self.state.require_ready()
             self.receiver = asyncio.ensure_future(self._receive_loop())
             await self._race(self.started.wait())
@@ -170,7 +168,7 @@ class LiveSession:
             await self._fail(SessionError(exc.code, exc.message, BUSY))
         except SessionError as exc:
             await self._fail(exc)
-        except Disconnected:
+        except (Disconnected, WebSocketDisconnect, OSError):
             self.close_code = self.close_code or 1006
         finally:
             await self._cleanup()
@@ -235,10 +233,11 @@ class LiveSession:
             now = time.monotonic()
             if now - self.t0 > s.ws_max_session_s:
                 raise SessionError("session_too_long", f"the session passed its limit of {s.ws_max_session_s:g} s")
-            idle = now - self.last_seen  # the last message from the client or audio to it
+            idle = now - self.last_seen  # the last progress: text that changes the speech, or audio sent
             if not self.done and idle > s.ws_idle_timeout_s:
-                raise SessionError("idle_timeout", f"no message and no audio for {s.ws_idle_timeout_s:g} s; send "
-                                   "text.delta messages and end with text.done")
+                raise SessionError("idle_timeout", f"no new text and no audio for {s.ws_idle_timeout_s:g} s (empty, "
+                                   "blank and unknown messages do not count); send text.delta messages and end with "
+                                   "text.done")
             wait = min(s.ws_idle_timeout_s - idle if not self.done else s.ws_max_session_s, 1.0)
             try:
                 message = await asyncio.wait_for(self.ws.receive(), max(0.01, wait))
@@ -246,7 +245,9 @@ class LiveSession:
                 continue
             if message["type"] == "websocket.disconnect":
                 return
-            self.last_seen = time.monotonic()
+            if not self.rate.take():
+                raise SessionError("too_many_messages", f"more than {s.ws_max_messages_per_s:g} messages per second; "
+                                   "send fewer, larger text.delta pieces")
             if message.get("text") is None:
                 await self._event(_error("binary_not_supported", "binary frames are not accepted: send JSON text "
                                          "frames (session.update, text.delta, text.done)"))
@@ -259,10 +260,18 @@ class LiveSession:
                 await self._event(_error(exc.code, exc.message))  # reported; the session goes on
 
     async def _handle(self, text: str) -> None:
+        limit = ESCAPE_FACTOR * self.settings.ws_max_message_chars + MESSAGE_OVERHEAD
+        if len(text) > limit:
+            raise SessionError("delta_too_long", f"a message has {len(text)} characters; the limit is {limit}: send "
+                               "smaller text.delta pieces", TOO_BIG)
         try:
             msg = json.loads(text)
-        except ValueError:
-            return await self._event(_error("invalid_json", "a message is not valid JSON; send "
+            deep = too_deep(msg)
+        except (ValueError, RecursionError):
+            msg, deep = None, True
+        if deep:
+            return await self._event(_error("invalid_json", "a message is not valid JSON (or nests more than "
+                                            f"{MAX_JSON_DEPTH} levels); send "
                                             '{"type": "text.delta", "delta": "..."}'))
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind == "text.delta":
@@ -294,6 +303,8 @@ class LiveSession:
         if delta:
             self.first_text_at = self.first_text_at or time.monotonic()
             self.pieces.push(delta)
+            if speakable(delta):
+                self._progress()
         self.started.set()
 
     async def _update(self, msg: dict) -> None:
@@ -307,7 +318,12 @@ class LiveSession:
             errors = exc.errors() if isinstance(exc, ValidationError) else [{"msg": str(exc)}]
             raise SessionError("invalid_session", validation_message(errors)[0]) from None
         self.fmt = self.cfg.response_format or self.settings.default_response_format
+        self._progress()
         self.started.set()  # the voice is known: take a worker and wait for text there
+
+    def _progress(self) -> None:
+        """Something that changes the answer happened: the idle timer starts again."""
+        self.last_seen = time.monotonic()
 
     # -- plumbing ----------------------------------------------------------------------------
     async def _race(self, awaitable):
@@ -329,7 +345,7 @@ class LiveSession:
         async with self._send_lock:
             try:
                 await asyncio.wait_for(coro, self.settings.write_timeout_s)
-            except (asyncio.TimeoutError, RuntimeError, OSError) as exc:
+            except (asyncio.TimeoutError, RuntimeError, OSError, WebSocketDisconnect) as exc:
                 raise Disconnected() from exc
 
     async def _fail(self, exc: SessionError) -> None:

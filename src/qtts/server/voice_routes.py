@@ -19,6 +19,7 @@ from fastapi import APIRouter, File, Form, Path, Request, UploadFile
 
 from ..errors import InputError
 from ..voice import ReferenceTooLong, check_reference_header
+from .aliases import effective_table
 from .errors import ERROR_RESPONSES, ApiError
 from .voices import check_voice_id, engine_speakers, remove_quietly
 
@@ -37,12 +38,16 @@ async def list_voices(request: Request) -> dict:
     """Uploaded voices (type "voice") and the model's built-in speakers (type "speaker").
 
     ``data`` is OpenAI's list shape; ``voices`` the same ids in the shape other local TTS servers
-    answer at ``/v1/audio/voices`` (``{"id", "name"}``), so their clients list them too."""
+    answer at ``/v1/audio/voices`` (``{"id", "name"}``), so their clients list them too;
+    ``aliases`` maps the OpenAI voice names this server answers to the voice each one means."""
     state = request.app.state.qtts
     state.require_ready()
     data = await asyncio.to_thread(state.store.list)
-    data += [{"id": s, "object": "voice", "type": "speaker"} for s in engine_speakers(state.engine)]
-    return {"object": "list", "data": data, "voices": [{"id": v["id"], "name": v["id"]} for v in data]}
+    speakers = engine_speakers(state.engine)
+    data += [{"id": s, "object": "voice", "type": "speaker"} for s in speakers]
+    aliases = effective_table(state.settings.voice_aliases, speakers)
+    return {"object": "list", "data": data, "voices": [{"id": v["id"], "name": v["id"]} for v in data],
+            "aliases": aliases}
 
 
 async def _save_upload(file: UploadFile, path: str, limit: int) -> int:

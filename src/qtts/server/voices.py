@@ -1,8 +1,11 @@
 """Voice store: uploaded voices as ``<voices_dir>/<id>.voice`` files, plus the model's speakers.
 
 Ids are 1-64 characters of ``A-Z a-z 0-9 _ -`` (whole-string match: no trailing newline) and
-the resolved path must sit directly inside the voices directory, so no id can name a file
-elsewhere. Loaded voices are cached by (path, mtime). A name being created is *reserved* (under
+the path sits directly inside the voices directory, so no id can name a file elsewhere. Only
+regular files are voices: symlinks are never followed, listed or served, and ``DELETE`` removes
+the named entry only (a symlink itself, never its target). Listing and loading survive files that
+vanish or change meanwhile (:mod:`qtts.voice_files`); loaded voices are cached by file identity
+(inode, size, mtime and ctime in ns), so a file replaced with its old mtime is read again. A name being created is *reserved* (under
 a lock) from before its upload is read until its file is published with ``os.link`` (which
 fails if the name exists), so of two racing uploads with one name exactly one wins.
 """
@@ -13,10 +16,12 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import threading
 import time
 import uuid
 
+from ..voice_files import VoiceFileCache, VoiceFileMissing, regular_entries
 from .errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -59,15 +64,22 @@ class VoiceStore:
     """Voice files in one directory; thread-safe cache of loaded voices."""
 
     def __init__(self, directory: str | None, loader=None):
-        #: path -> Voice; default qtts.Voice.load
-        self.loader = loader
         self.directory = os.path.realpath(directory) if directory else None
-        self._cache: dict[str, tuple[float, object]] = {}
+        self._cache = VoiceFileCache(loader)
         self._reserved: set[str] = set()
         self._lock = threading.Lock()
         if self.directory:
             os.makedirs(self.directory, exist_ok=True)
             self._sweep_stale()
+
+    @property
+    def loader(self):
+        """path -> Voice (tests); None: the voice file's own bytes (:class:`qtts.voice_files.VoiceFileCache`)."""
+        return self._cache.loader
+
+    @loader.setter
+    def loader(self, value) -> None:
+        self._cache.loader = value
 
     @property
     def enabled(self) -> bool:
@@ -79,46 +91,33 @@ class VoiceStore:
         if not self.directory:
             raise ApiError(404, f"unknown voice {voice_id!r}: voice uploads are disabled on this server",
                            "voice_not_found", "voice")
-        path = os.path.realpath(os.path.join(self.directory, voice_id + SUFFIX))
+        path = os.path.join(self.directory, voice_id + SUFFIX)  # not resolved: a symlink is not followed
         if os.path.dirname(path) != self.directory:
             raise ApiError(400, f"invalid voice id {voice_id!r}", "invalid_voice_id", "voice")
         return path
 
     def exists(self, voice_id: str) -> bool:
-        return bool(self.directory) and os.path.isfile(self.path_for(voice_id))
+        """True when ``voice_id`` is a regular file (not a symlink) in the directory."""
+        if not self.directory:
+            return False
+        try:
+            return stat.S_ISREG(os.lstat(self.path_for(voice_id)).st_mode)
+        except OSError:
+            return False
 
     def list(self) -> list[dict]:
         if not self.directory:
             return []
-        out = []
-        for name in sorted(os.listdir(self.directory)):
-            stem = name[: -len(SUFFIX)]
-            if name.endswith(SUFFIX) and is_voice_id(stem):
-                st = os.stat(os.path.join(self.directory, name))
-                out.append({"id": stem, "object": "voice", "type": "voice", "created_at": int(st.st_mtime),
-                            "bytes": st.st_size})
-        return out
+        return [{"id": stem, "object": "voice", "type": "voice", "created_at": int(st.st_mtime), "bytes": st.st_size}
+                for stem, st in regular_entries(self.directory, SUFFIX) if is_voice_id(stem)]
 
     def load(self, voice_id: str):
         """The :class:`qtts.Voice` of ``voice_id`` (cached); ApiError 404 when missing."""
         path = self.path_for(voice_id)
         try:
-            mtime = os.stat(path).st_mtime
-        except FileNotFoundError:
+            return self._cache.load(path)
+        except VoiceFileMissing:
             raise ApiError(404, f"unknown voice {voice_id!r}", "voice_not_found", "voice") from None
-        with self._lock:
-            hit = self._cache.get(path)
-            if hit and hit[0] == mtime:
-                return hit[1]
-        loader = self.loader
-        if loader is None:
-            from ..voice import Voice
-
-            loader = Voice.load
-        voice = loader(path)
-        with self._lock:
-            self._cache[path] = (mtime, voice)
-        return voice
 
     def new_id(self) -> str:
         return "voice_" + uuid.uuid4().hex[:12]
@@ -133,7 +132,7 @@ class VoiceStore:
         """Claim ``voice_id`` for a creation in progress; ApiError 409 if it exists or is claimed."""
         path = self.path_for(voice_id)
         with self._lock:
-            if voice_id in self._reserved or os.path.exists(path):
+            if voice_id in self._reserved or os.path.lexists(path):
                 raise ApiError(409, f"voice {voice_id!r} exists; delete it first or choose another name",
                                "voice_exists", "name")
             self._reserved.add(voice_id)
@@ -169,13 +168,20 @@ class VoiceStore:
                     log.warning("removed a stale temporary upload %s", name)
 
     def delete(self, voice_id: str) -> None:
+        """Remove the named entry: a voice file, or a symlink itself (never its target)."""
         path = self.path_for(voice_id)
         try:
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                raise ApiError(409, f"{voice_id!r} is not a voice file (a directory or another kind of entry); "
+                               "remove it on the server", "not_a_voice", "voice_id")
             os.unlink(path)
         except FileNotFoundError:
             raise ApiError(404, f"unknown voice {voice_id!r}", "voice_not_found", "voice_id") from None
-        with self._lock:
-            self._cache.pop(path, None)
+        except (IsADirectoryError, PermissionError) as exc:
+            raise ApiError(409, f"{voice_id!r} cannot be deleted ({exc.strerror})", "not_a_voice",
+                           "voice_id") from None
+        self._cache.forget(path)
 
 
 def remove_quietly(*paths: str) -> None:

@@ -106,13 +106,15 @@ class _Rows:
 
 
 def valid_conditioning(config) -> str:
+    """What the checkpoint takes, in keyword words (the CLI and the server translate them:
+    ``qtts.cli.common.cli_words``, ``qtts.server.errors.http_words``)."""
     t = config.tts_model_type
     if t == "base":
-        return "voice=<Voice or .voice file> (CLI: --voice V or --ref-audio A [--ref-text T])"
+        return "voice=<Voice or .voice file>"
     if t == "custom_voice":
         extra = " and optionally instruct=..." if config.tts_model_size == "1b7" else ""
         return f"speaker=<one of: {', '.join(config.speakers)}>{extra}"
-    return "instruct=<a description of the voice> (CLI: --instruct I)"
+    return "instruct=<a description of the voice>"
 
 
 def _fail(config, problem: str):

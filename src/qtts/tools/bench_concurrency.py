@@ -4,7 +4,7 @@ Method (``qtts bench --concurrency 1,2,4,8``): for each level K, rounds alternat
 ways a server can run K requests, in one process:
 
 * **batched**: one engine (``qtts.load(..., max_batch=max(levels))``, ``threads`` intra-op threads)
-  and K caller threads, each running ``TTS.stream`` (its vocoder on its own thread);
+  and K caller threads, each running ``TTS.stream`` (the vocoder steps of all K on the batcher thread);
 * **engines**: today's ``qtts serve --max-concurrency K``: K engines, each with ``threads // K``
   intra-op threads (at least 1), one caller thread each.
 

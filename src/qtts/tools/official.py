@@ -41,7 +41,7 @@ def qwen_tts():
         import qwen_tts as pkg
     except ImportError as exc:
         raise MissingDependencyError(
-            "the official package is needed (parity tests, --compare-official): pip install 'qtts[reference]' "
+            "the official package is needed (parity tests, --compare-official): pip install -e \".[reference]\" "
             "&& pip install qwen-tts==0.1.1 --no-deps"
         ) from exc
     return pkg

@@ -11,6 +11,7 @@ which both ``tokenizers`` and transformers' ``Qwen2TokenizerFast`` load.
 from __future__ import annotations
 
 import os
+import re
 
 from ..text.tokenizer import QWEN2_PATTERN, added_token
 
@@ -56,5 +57,12 @@ def write_standin_tokenizer(out_dir: str, tokenizer_config: dict) -> str:
         if got != 1 or tok.token_to_id(spec["content"]) != idx:
             raise RuntimeError(f"stand-in tokenizer: {spec['content']} did not land at id {idx}")
     path = os.path.join(out_dir, "tokenizer.json")
-    tok.save(path)
+    try:
+        tok.save(path)
+    except Exception as exc:  # tokenizers raises a plain Exception "... (os error 28)" for I/O errors
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), path) from None
     return path

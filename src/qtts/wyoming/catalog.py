@@ -1,7 +1,8 @@
 """What a Wyoming client may ask for: voices, languages, and the ``describe`` answer.
 
 Voices by checkpoint: CustomVoice -> its speakers; Base -> the saved ``.voice`` files of the
-voices directory (``qtts voice create``); VoiceDesign -> one voice, ``design``, speaking with the
+voices directory (``qtts voice create``; regular files only: symlinks are neither listed nor
+followed, and a file changed on disk is read again, :mod:`qtts.voice_files`); VoiceDesign -> one voice, ``design``, speaking with the
 server's ``--instruct``. Languages are advertised as ISO 639-1 codes (what Home Assistant
 matches a pipeline language against); a request may send a code (``en``, ``en_US``, ``en-GB``),
 a model language name (``english``, ``sichuan_dialect``) or ``auto``.
@@ -13,10 +14,10 @@ import dataclasses
 import logging
 import os
 import re
-import threading
 
 from .. import __version__
 from ..errors import InputError
+from ..voice_files import VoiceFileCache, regular_entries
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,7 @@ class Catalog:
         self.voices_dir = os.path.realpath(voices_dir) if voices_dir else None
         self.instruct = instruct or None
         self.language = self.model_language(language)
-        self._cache: dict[str, tuple[float, object]] = {}
-        self._lock = threading.Lock()
+        self._cache = VoiceFileCache()
         names = self.voice_names()
         if not names:
             raise InputError(self._no_voice_hint())
@@ -74,7 +74,7 @@ class Catalog:
             return [DESIGN_VOICE] if self.instruct else []
         if not self.voices_dir or not os.path.isdir(self.voices_dir):
             return []
-        return sorted(m.group(1) for n in os.listdir(self.voices_dir) if (m := VOICE_FILE.fullmatch(n)))
+        return [stem for stem, _ in regular_entries(self.voices_dir, ".voice") if VOICE_FILE.fullmatch(stem + ".voice")]
 
     def _no_voice_hint(self) -> str:
         if self.model_type == "voice_design":
@@ -87,14 +87,21 @@ class Catalog:
 
     def resolve(self, name: str | None = None, speaker: str | None = None, language: str | None = None) -> Choice:
         """The Choice for a request's voice fields; VoiceNotFound / InputError naming what is valid."""
+        for what, value in (("name", name), ("speaker", speaker), ("language", language)):
+            if value is not None and not (isinstance(value, str) and len(value) <= 256):
+                raise InputError(f"the voice's {what!r} must be a string of at most 256 characters")
         names = self.voice_names()
+        by_lower = {n.lower(): n for n in names}
+        shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
         name = name or self.default_voice
-        if self.model_type == "custom_voice" and speaker and speaker.lower() in {n.lower() for n in names}:
-            name = speaker  # a multi-speaker voice's speaker field, as piper clients send it
-        match = {n.lower(): n for n in names}.get(name.lower())
+        if speaker:
+            if self.model_type == "custom_voice" and speaker.lower() in by_lower:
+                name = speaker  # a multi-speaker voice's speaker field, as piper clients send it
+            elif speaker.lower() != name.lower():
+                raise VoiceNotFound(f"unknown speaker {speaker[:80]!r}; this server's voices are: {shown}")
+        match = by_lower.get(name.lower())
         if match is None:
-            shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
-            raise VoiceNotFound(f"unknown voice {name!r}; this server has: {shown}")
+            raise VoiceNotFound(f"unknown voice {name[:80]!r}; this server has: {shown}")
         lang = self.model_language(language) if language else self.language
         if self.model_type == "custom_voice":
             return Choice(match, speaker=match, instruct=self.instruct, language=lang)
@@ -103,20 +110,11 @@ class Catalog:
         return Choice(match, voice_path=os.path.join(self.voices_dir, match + ".voice"), language=lang)
 
     def load_voice(self, choice: Choice):
-        """The :class:`qtts.Voice` of a Base choice (cached by path and mtime), else None."""
+        """The :class:`qtts.Voice` of a Base choice (cached by file identity), else None;
+        InputError when the file is gone, a symlink or not a voice."""
         if choice.voice_path is None:
             return None
-        from ..voice import Voice
-
-        mtime = os.stat(choice.voice_path).st_mtime
-        with self._lock:
-            hit = self._cache.get(choice.voice_path)
-        if hit and hit[0] == mtime:
-            return hit[1]
-        voice = Voice.load(choice.voice_path)
-        with self._lock:
-            self._cache[choice.voice_path] = (mtime, voice)
-        return voice
+        return self._cache.load(choice.voice_path)
 
     # -- languages ----------------------------------------------------------------------------
     def model_languages(self) -> list[str]:

@@ -7,9 +7,13 @@ becomes a job on this connection's queue, and one task speaks the jobs in order,
 a streamed session ends with ``synthesize-stopped``. Because reading goes on meanwhile, a client
 that disconnects is noticed at once (end of stream) and its generation is cancelled.
 
-Errors (unknown voice or language, empty or too long text, a failing engine) are answered with
-one ``error`` event, after which the server closes the connection, so a client waiting for
-``audio-stop`` never hangs.
+Errors (unknown voice, speaker or language, empty or too long text, a malformed event of any
+kind, a failing engine) are answered with one ``error`` event, after which the server closes the
+connection, so a client waiting for ``audio-stop`` never hangs. Limits: every write has a
+deadline (``write_timeout_s``: a client that stops reading is dropped, and the engine is never
+held while waiting for it, :mod:`qtts.wyoming.service`), a connection that sends nothing while
+nothing is being spoken is closed after ``idle_timeout_s`` (error ``idle_timeout``), one past
+``max_connections`` gets ``too_many_connections``, and at most ``MAX_JOBS`` utterances wait.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from ..audio.chunk import float_to_int16
 from ..config import SAMPLE_RATE
 from ..errors import InputError
 from .catalog import VoiceNotFound
+from .events import MalformedEvent, read_event, voice_fields, write_event
 
 log = logging.getLogger(__name__)
 
 WIDTH, CHANNELS = 2, 1
 _STOPPED = object()  # job marker: the streamed session ended (send synthesize-stopped)
+#: utterances (requests or streamed sentences) waiting on one connection at most
+MAX_JOBS = 64
 
 
 class QttsEventHandler(AsyncEventHandler):
@@ -45,6 +52,42 @@ class QttsEventHandler(AsyncEventHandler):
         self.jobs: asyncio.Queue = asyncio.Queue()
         self.speaker_task: asyncio.Task | None = None
         self.session = None  # (choice, text buffer, characters so far) between synthesize-start and -stop
+        self.pending = 0  # jobs queued or being spoken
+
+    async def run(self) -> None:
+        """Read events until the client leaves, breaks a rule, idles or the handler stops."""
+        self._is_running = True
+        svc, s = self.service, self.service.settings
+        try:
+            if len(svc.connections) >= s.max_connections:
+                await self.fail(InputError(f"too many connections (this server takes {s.max_connections}); retry "
+                                           "shortly"), code="too_many_connections")
+                return
+            svc.connections.add(self)
+            while self._is_running:
+                try:
+                    event = await asyncio.wait_for(read_event(self.reader), s.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    if self.pending:
+                        continue  # speaking: the client is waiting for audio, not idle
+                    await self.fail(InputError(f"no event for {s.idle_timeout_s:g} s; the connection is closed"),
+                                    code="idle_timeout")
+                    break
+                except MalformedEvent as exc:
+                    await self.fail(exc, code="invalid_event")
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        except (ConnectionError, OSError) as exc:
+            log.debug("wyoming client gone: %s", exc)
+        finally:
+            svc.connections.discard(self)
+            await self.disconnect()
+            self.writer.close()
+
+    async def write_event(self, event: Event) -> None:
+        """Send ``event``; ConnectionError when the client reads nothing for ``write_timeout_s``."""
+        await write_event(event, self.writer, self.service.settings.write_timeout_s)
 
     async def handle_event(self, event: Event) -> bool:
         try:
@@ -52,30 +95,31 @@ class QttsEventHandler(AsyncEventHandler):
         except InputError as exc:
             await self.fail(exc)
             return False
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of the wrong shape
+            await self.fail(InputError(f"malformed {str(event.type)[:40]!r} event ({type(exc).__name__}: "
+                                       f"{str(exc)[:80]}); see the Wyoming protocol"), code="invalid_event")
+            return False
 
     async def _dispatch(self, event: Event) -> bool:
         if Describe.is_type(event.type):
             await self.write_event(self.service.catalog.info(self.service.settings.streaming).event())
         elif Synthesize.is_type(event.type):
             if self.session is None:  # inside a session it only repeats the streamed text
-                request = Synthesize.from_event(event)
-                self.enqueue(request.text, self._choose(request.voice))
+                self.enqueue(_text(event, "synthesize"), self._choose(event))
         elif not self.service.settings.streaming:
             log.debug("ignoring %s: streaming is off", event.type)
         elif SynthesizeStart.is_type(event.type):
-            self.session = [self._choose(SynthesizeStart.from_event(event).voice), "", 0]
+            self.session = [self._choose(event), "", 0]
         elif SynthesizeChunk.is_type(event.type):
-            self._add_text(SynthesizeChunk.from_event(event).text)
+            self._add_text(_text(event, "synthesize-chunk"))
         elif SynthesizeStop.is_type(event.type):
             self._end_session()
         else:
             log.debug("ignoring event %s", event.type)
         return True
 
-    def _choose(self, voice):
-        if voice is None:
-            return self.service.catalog.resolve()
-        return self.service.catalog.resolve(voice.name, voice.speaker, voice.language)
+    def _choose(self, event: Event):
+        return self.service.catalog.resolve(*voice_fields(event))
 
     # -- streamed text -------------------------------------------------------------------------
     def _add_text(self, text: str) -> None:
@@ -100,6 +144,10 @@ class QttsEventHandler(AsyncEventHandler):
 
     # -- speaking ------------------------------------------------------------------------------
     def enqueue(self, text: str | None, choice) -> None:
+        if self.pending >= MAX_JOBS:
+            raise InputError(f"more than {MAX_JOBS} utterances are waiting on this connection; wait for audio-stop "
+                             "before sending more")
+        self.pending += 1
         self.jobs.put_nowait((text, choice))
         if self.speaker_task is None:
             self.speaker_task = asyncio.create_task(self._speak_jobs(), name="qtts wyoming speaker")
@@ -108,10 +156,13 @@ class QttsEventHandler(AsyncEventHandler):
         try:
             while True:
                 text, choice = await self.jobs.get()
-                if choice is _STOPPED:
-                    await self.write_event(SynthesizeStopped().event())
-                else:
-                    await self._speak(text, choice)
+                try:
+                    if choice is _STOPPED:
+                        await self.write_event(SynthesizeStopped().event())
+                    else:
+                        await self._speak(text, choice)
+                finally:
+                    self.pending -= 1
         except InputError as exc:
             await self.fail(exc)
         except (ConnectionError, OSError) as exc:  # the client went away mid-write
@@ -154,6 +205,13 @@ class QttsEventHandler(AsyncEventHandler):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _text(event: Event, what: str) -> str:
+    text = event.data.get("text") if isinstance(event.data, dict) else None
+    if not isinstance(text, str):
+        raise InputError(f"{what} needs 'text' as a string, got {type(text).__name__}")
+    return text
 
 
 def complete_sentences(text: str) -> tuple[list[str], str]:

@@ -5,6 +5,10 @@ pipeline); other connections wait their turn. Generation runs on a worker thread
 :class:`qtts.audio.AudioChunk` to the event loop as soon as the engine yields it; when the
 consumer stops (the client left, or the connection failed) the worker's cancel event is set,
 generation stops within one frame, and the engine is released only after the worker returned.
+The engine is held only while the worker generates, never while a connection waits for its
+client to read: audio generated faster than the client reads waits in that connection's queue
+(one utterance at most), and a client that reads nothing for ``write_timeout_s`` is dropped
+(:mod:`qtts.wyoming.handler`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ class WyomingSettings:
     max_chars: int = 4096
     #: answer synthesize-start/-chunk/-stop (sentences are spoken as soon as they are complete)
     streaming: bool = True
+    #: open client connections at most; one more gets an error event and is closed
+    max_connections: int = 16
+    #: a connection that sends no event for this long while nothing is being spoken is closed
+    idle_timeout_s: float = 60.0
+    #: a client that reads nothing of what is sent for this long is dropped
+    write_timeout_s: float = 10.0
 
     def __post_init__(self):
         from ..options import SynthesisOptions
@@ -53,6 +63,11 @@ class WyomingSettings:
         SynthesisOptions(speed=self.speed, seed=self.seed, max_frames=self.max_frames).validate()
         if self.max_chars < 1:
             raise InputError(f"max_chars={self.max_chars}: must be >= 1")
+        if self.max_connections < 1:
+            raise InputError(f"max_connections={self.max_connections}: must be >= 1")
+        for name in ("idle_timeout_s", "write_timeout_s"):
+            if not 0 < getattr(self, name) <= 86400:
+                raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
 
 
 class WyomingService:
@@ -66,6 +81,7 @@ class WyomingService:
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qtts-wyoming")
         self._lock: asyncio.Lock | None = None
         self.generations = 0  # started generations (tests and logs)
+        self.connections: set = set()  # open handlers (the connection cap)
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -87,12 +103,18 @@ class WyomingService:
         if len(text) > self.settings.max_chars:
             raise InputError(f"the text has {len(text)} characters; this server's limit is "
                              f"{self.settings.max_chars} (--max-chars)")
-        async with self.lock:
+        await self.lock.acquire()
+        try:
             voice = await asyncio.to_thread(self.catalog.load_voice, choice)
-            async for chunk in self._generate(text, choice, voice):
-                yield chunk
+        except BaseException:
+            self.lock.release()
+            raise
+        async for chunk in self._generate(text, choice, voice):  # releases the lock when the worker returns
+            yield chunk
 
     async def _generate(self, text: str, choice: Choice, voice) -> AsyncIterator:
+        """Chunks from a worker thread; the engine lock (held on entry) is released as soon as the
+        worker returns, even while the consumer is still sending its chunks."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
@@ -119,7 +141,12 @@ class WyomingService:
             finally:
                 put("end")
 
-        done = loop.run_in_executor(self.executor, work)
+        try:
+            done = loop.run_in_executor(self.executor, work)
+        except BaseException:
+            self.lock.release()
+            raise
+        done.add_done_callback(lambda _: self.lock.release())
         try:
             while True:
                 kind, value = await items.get()

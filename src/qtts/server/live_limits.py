@@ -1,0 +1,89 @@
+"""Small parts of the live speech WebSocket: its text queue, a message rate, JSON nesting, what
+counts as progress, the session frame cap."""
+
+from __future__ import annotations
+
+import queue
+import time
+import unicodedata
+
+from ..config import SAMPLES_PER_FRAME
+
+#: deepest JSON nesting a message may have (the protocol's own messages nest 3 levels)
+MAX_JSON_DEPTH = 16
+#: a message longer than this many characters per allowed text.delta character is refused before
+#: it is parsed (a JSON escape takes at most 12 characters per character: a surrogate pair)
+ESCAPE_FACTOR = 12
+#: room for the other fields of a message (session.update: instruct, language, ...)
+MESSAGE_OVERHEAD = 16 * 1024
+
+
+class TextPieces:
+    """Text deltas from the event loop to the engine's reader thread: a blocking iterable."""
+
+    _END = object()
+
+    def __init__(self):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def push(self, piece: str) -> None:
+        self._q.put(piece)
+
+    def close(self) -> None:
+        self._q.put(self._END)
+
+    def __iter__(self):
+        while (item := self._q.get()) is not self._END:
+            yield item
+
+
+class TokenBucket:
+    """``rate`` events per second on average, bursts of ``burst``; ``take()`` is False past that."""
+
+    def __init__(self, rate: float, burst: float | None = None):
+        self.rate = rate
+        self.burst = burst if burst is not None else 2 * rate
+        self.tokens, self.at = self.burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a parsed JSON value nests lists/objects more than ``limit`` levels (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+def speakable(text: str) -> bool:
+    """True when ``text`` changes what is spoken: it has a character that is neither whitespace
+    nor a control/format character (those are dropped or only separate words)."""
+    return any(not ch.isspace() and unicodedata.category(ch)[0] != "C" for ch in text)
+
+
+def capped_chunk(chunk, frames: int, cap: int):
+    """(samples, frames) of ``chunk`` that fit under a session cap of ``cap`` frames."""
+    samples = chunk.samples
+    n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
+    if frames + n > cap:
+        keep = max(0, cap - frames)
+        samples = samples[: len(samples) * keep // n] if n else samples[:0]  # (stretched: not 1920 per frame)
+        n = keep
+    return samples, n

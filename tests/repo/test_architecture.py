@@ -1,0 +1,263 @@
+"""The layout rules of docs/design.md, checked on the source with ast (no imports, no timing).
+
+* no import circles in ``src/qtts`` (lazy, function-level imports count too);
+* ``qtts.model`` imports only ``qtts.model``, ``qtts.config`` and ``qtts.errors``;
+* neither ``qtts.api`` nor any runtime (``qtts.backends``) reaches ``qtts.export``, except through the
+  one declared edge :data:`BUILD_EDGE`: the plan cache calls the exporter to build a missing preset
+  (lazily; a cached or exported bundle never imports ``qtts.export``, tests/backends/test_no_torch_runtime.py);
+* every file is under 400 lines and every function under 50 (STYLE.md's size budget);
+* the package tree in docs/design.md lists exactly the modules that exist;
+* engine/ and text/ import no torch and no runtime; tools/ is never reached from the runtime;
+* one frames -> chunks loop (engine/stream.py) and an explicit batch seam (BatchBackend).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+
+from conftest import REPO_ROOT
+
+SRC = os.path.join(REPO_ROOT, "src")
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 50
+GROUND = {"qtts.config", "qtts.errors"}
+#: the one runtime -> export import: qtts.backends.cache builds a missing preset's bundle (docs/design.md)
+BUILD_EDGE = ("qtts.backends.cache", "qtts.export.cache_build")
+
+
+def _modules() -> dict[str, str]:
+    mods = {}
+    for root, _dirs, files in os.walk(os.path.join(SRC, "qtts")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                mod = os.path.relpath(path, SRC)[:-3].replace(os.sep, ".")
+                mods[mod.removesuffix(".__init__")] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _targets(mod: str, node: ast.AST) -> set[str]:
+    """The qtts modules an import statement of ``mod`` loads."""
+    package = mod if MODULES[mod].endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(parts + ([base] if base else []))
+        names = [base] + [f"{base}.{a.name}" for a in node.names]
+    out = set()
+    for name in names:
+        while name and name not in MODULES:
+            name = name.rsplit(".", 1)[0] if "." in name else ""
+        if name and name != mod:
+            out.add(name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for mod, path in MODULES.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        graph[mod] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[mod] |= _targets(mod, node)
+    return graph
+
+
+GRAPH = _graph()
+GRAPH[BUILD_EDGE[0]].discard(BUILD_EDGE[1])  # checked below to be the only one of its kind
+
+
+def _reach(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in GRAPH[todo.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_checker_sees_the_package():
+    assert {"qtts.api", "qtts.backends.torch", "qtts.model.layers", "qtts.export.onnx"} <= set(MODULES)
+    assert "qtts.backends.onnx" in GRAPH["qtts.backends"]  # lazy imports inside functions count
+    assert "qtts.model.layers" in GRAPH["qtts.model.talker"]
+
+
+def test_the_build_edge_is_real_and_lazy():
+    """The declared edge exists and sits inside a function (importing the cache imports no exporter)."""
+    with open(MODULES[BUILD_EDGE[0]], encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    top = {t for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+           for t in _targets(BUILD_EDGE[0], node)}  # fmt: skip
+    every = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for t in _targets(BUILD_EDGE[0], node)}  # fmt: skip
+    assert BUILD_EDGE[1] in every and not any(t.startswith("qtts.export") for t in top)
+
+
+def test_no_import_circles():
+    circles = sorted(m for m in MODULES if m in _reach(m))
+    assert circles == [], f"modules on an import circle: {circles}"
+
+
+def test_model_imports_nothing_above_it():
+    bad = {m: sorted(d for d in deps if not d.startswith("qtts.model") and d not in GROUND)
+           for m, deps in GRAPH.items() if m.startswith("qtts.model")}  # fmt: skip
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+@pytest.mark.parametrize("start", ["qtts", "qtts.api"] + sorted(m for m in MODULES if m.startswith("qtts.backends")))
+def test_runtime_never_reaches_export(start):
+    assert sorted(d for d in _reach(start) if d.startswith("qtts.export")) == []
+
+
+def test_file_and_function_sizes():
+    long_files, long_functions = [], []
+    for mod, path in sorted(MODULES.items()):
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            long_files.append(f"{mod} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{mod}:{node.lineno} {node.name} ({n} lines)")
+    assert long_files == [] and long_functions == []
+
+
+def _doc_tree() -> set[str]:
+    """Paths of the package tree in docs/design.md (the first code block under '## Package layout')."""
+    with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    block = text.split("## Package layout", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        token = line.strip().split(" ", 1)[0]
+        if not re.fullmatch(r"[A-Za-z_][\w/]*(\.py|/)", token):
+            continue  # a description line
+        depth = (len(line) - len(line.lstrip())) // 2
+        stack[depth:] = [token]
+        if token.endswith(".py"):
+            paths.add("".join(stack))
+    return {p.removeprefix("src/qtts/") for p in paths}
+
+
+def test_design_doc_lists_every_module():
+    actual = {os.path.relpath(p, os.path.join(SRC, "qtts")).replace(os.sep, "/") for p in MODULES.values()}
+    listed = _doc_tree()
+    assert sorted(actual - listed) == [], "modules missing from the docs/design.md tree"
+    assert sorted(listed - actual) == [], "docs/design.md lists modules that do not exist"
+
+
+def _external_imports(mod: str) -> set[str]:
+    """Top-level names of the non-qtts packages a module imports (lazy imports too)."""
+    with open(MODULES[mod], encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"qtts"}
+
+
+RUNTIMES = {"torch", "onnxruntime", "onnx", "rknn", "rknnlite", "executorch", "transformers", "fastapi", "wyoming"}
+
+
+@pytest.mark.parametrize("folder", ["qtts.engine", "qtts.text"])
+def test_engine_and_text_need_no_torch_and_no_runtime(folder):
+    mods = [m for m in MODULES if m == folder or m.startswith(folder + ".")]
+    assert mods
+    bad = {m: sorted(_external_imports(m) & RUNTIMES) for m in mods}
+    assert {m: d for m, d in bad.items() if d} == {}
+    # the only runtime-side module they reach is the seam's protocol file (pure numpy)
+    reach = set().union(*(_reach(m) for m in mods))
+    assert sorted(d for d in reach if d.startswith("qtts.backends") and d not in {"qtts.backends", "qtts.backends.base",
+                                                                                 "qtts.backends.plan"}) == []  # fmt: skip
+
+
+@pytest.mark.parametrize("start", ["qtts", "qtts.api", "qtts.engine.stream", "qtts.engine.batching", "qtts.backends",
+                                   "qtts.backends.torch", "qtts.backends.onnx", "qtts.server.app"])  # fmt: skip
+def test_tools_are_never_imported_by_the_runtime(start):
+    assert sorted(d for d in _reach(start) | {start} if d.startswith("qtts.tools")) == []
+
+
+def test_one_frames_to_chunks_loop():
+    """The frames -> chunks loop lives in engine/stream.py alone (stream, stream_text and decode share it;
+    the benchmark drives a Chunker itself to time the vocoder per chunk)."""
+    assert not {"qtts.chunking", "qtts.pipeline", "qtts.textsource"} & set(MODULES)
+    pushers, private = [], []
+    for mod, path in MODULES.items():
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if re.search(r"chunker\.(push|drain|flush)\(", text) and mod not in ("qtts.engine.stream", "qtts.tools.bench"):
+            pushers.append(mod)
+        if mod != "qtts.api" and re.search(r"\b(tts|self\.tts|engine)\._stream", text):
+            private.append(mod)
+    assert pushers == [] and private == []
+
+
+def test_the_batch_seam_is_a_protocol():
+    """engine/ asks ``isinstance(backend, BatchBackend)``, never ``hasattr`` (the seam is explicit)."""
+    for mod in (m for m in MODULES if m.startswith("qtts.engine")):
+        with open(MODULES[mod], encoding="utf-8") as fh:
+            assert "hasattr(backend" not in fh.read(), mod
+    from qtts.backends.base import BatchBackend
+    from qtts.backends.onnx_batch import OnnxBatchBackend
+    from qtts.backends.torch import TorchBackend
+
+    methods = {"talker_rows", "predict_frames", "release"}
+    assert methods <= set(dir(BatchBackend))
+    for cls in (TorchBackend, OnnxBatchBackend):  # the batched runtimes implement every method of it
+        assert methods <= set(dir(cls)), cls
+
+
+_TRACE = r"""
+import inspect, json, os, sys, threading
+import qtts
+root = os.path.dirname(qtts.__file__)
+seen = set()
+def prof(frame, event, arg):
+    code = frame.f_code
+    if event != "call" or not code.co_flags & inspect.CO_OPTIMIZED or not code.co_filename.startswith(root):
+        return  # not a function (module and class bodies run at import are not counted)
+    seen.add(os.path.relpath(code.co_filename, root).replace(os.sep, "/"))
+threading.setprofile(prof)
+sys.setprofile(prof)
+tts = qtts.load(sys.argv[1])
+for chunk in tts.stream("Hello there.", speaker=tts.speakers[0], options=qtts.SynthesisOptions(max_frames=4)):
+    pass
+sys.setprofile(None)
+threading.setprofile(None)
+print(json.dumps(sorted(f for f in seen if not f.startswith("model/"))))
+"""
+
+
+def test_files_one_request_runs(tiny_snapshot):
+    """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute (measured here)."""
+    import json
+    import subprocess
+    import sys
+
+    snapshot = tiny_snapshot(kind="custom_voice")
+    out = subprocess.run([sys.executable, "-c", _TRACE, snapshot], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=SRC), timeout=300)  # fmt: skip
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "api.py" in ran and "engine/stream.py" in ran and "engine/generate.py" in ran
+    with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
+        block = fh.read().split("<!-- request-files -->", 1)[1].split("<!-- /request-files -->", 1)[0]
+    listed = re.findall(r"`([\w/]+\.py)`", block)
+    assert sorted(listed) == ran, f"docs/design.md lists {sorted(listed)}, a request runs {ran}"
+    assert f"{len(ran)} files" in block

@@ -1,0 +1,210 @@
+"""Attacks on the Wyoming server over loopback TCP (tiny CustomVoice engine): a client that stops
+reading, malformed events of every kind, an unknown speaker, idle connections past the cap, and
+a Base voice catalog with symlinks. Every read has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_wyoming import client, events_until, free_port
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+import qtts
+from qtts.wyoming import WyomingService, WyomingSettings
+from qtts.wyoming.catalog import Catalog, VoiceNotFound
+
+SLACK_S = 10.0
+LONG = "This is one long sentence for the stalled client to never read. " * 3
+
+
+@pytest.fixture(scope="module")
+def cv_engine(tiny_snapshot):
+    return qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
+
+
+async def start(engine, **settings):
+    service = WyomingService(engine, WyomingSettings(**{"seed": 1, "max_frames": 6, **settings}))
+    port = free_port()
+    server = await service.start(f"tcp://127.0.0.1:{port}")
+    return service, server, port
+
+
+def raw_line(event_type: str, data=None) -> bytes:
+    header = {"type": event_type, "version": "1.0.0"}
+    if data is not None:
+        header["data"] = data
+    return json.dumps(header).encode() + b"\n"
+
+
+async def raw_exchange(port: int, payload: bytes, deadline: float = SLACK_S) -> tuple[list[dict], bool]:
+    """Send ``payload`` on a fresh connection; (events the server sent, whether it closed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    await writer.drain()
+    events, closed = [], False
+    try:
+        while True:
+            line = await asyncio.wait_for(reader.readline(), deadline)
+            if not line:
+                closed = True
+                break
+            header = json.loads(line)
+            if header.get("data_length"):
+                header.setdefault("data", {}).update(json.loads(await reader.readexactly(header["data_length"])))
+            if header.get("payload_length"):
+                await reader.readexactly(header["payload_length"])
+            events.append(header)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        writer.close()
+    return events, closed
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 300))
+
+
+def test_a_client_that_stops_reading_holds_nothing(cv_engine):
+    """(1) A client with a 4 KiB receive buffer asks for long audio and reads nothing: a good client
+    is served before the write deadline passes (the engine is not held while the server waits for
+    the reader), and the stalled one is dropped after it."""
+    deadline_s = 20.0
+
+    async def scenario():
+        service, server, port = await start(cv_engine, max_frames=30, write_timeout_s=deadline_s)
+        server._server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # inherited
+        try:
+            stalled = socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            stalled.sendall(raw_line("synthesize", {"text": LONG, "voice": {"name": "ryan"}}))
+            for _ in range(200):  # the stalled request started
+                if service.generations:
+                    break
+                await asyncio.sleep(0.05)
+            (handler,) = service.connections
+            t0 = time.monotonic()
+            async with client(f"tcp://127.0.0.1:{port}") as c:
+                await c.write_event(Synthesize(text="Still served.").event())
+                good = await asyncio.wait_for(events_until(c, "audio-stop"), 60)
+            good_s, still_held = time.monotonic() - t0, handler in service.connections
+            for _ in range(int((deadline_s + SLACK_S) / 0.05)):
+                if handler not in service.connections:
+                    break
+                await asyncio.sleep(0.05)
+            dropped = handler not in service.connections
+            stalled.close()
+            return good, good_s, still_held, dropped
+        finally:
+            await server.stop()
+
+    good, good_s, still_held, dropped = run(scenario())
+    assert good[-1].type == "audio-stop"
+    assert still_held and good_s < deadline_s, (still_held, good_s)  # served while the other is stalled
+    assert dropped, "the stalled client was never dropped"
+
+
+BAD = {
+    "not JSON": b"not json\n",
+    "a list": b"[1, 2]\n",
+    "no type": b'{"data": {}}\n',
+    "type not a string": b'{"type": 5}\n',
+    "data a list": b'{"type": "synthesize", "data": [1]}\n',
+    "text a number": raw_line("synthesize", {"text": 123}),
+    "text null": raw_line("synthesize", {"text": None}),
+    "no text": raw_line("synthesize", {}),
+    "negative data_length": b'{"type": "synthesize", "data_length": -1}\n',
+    "data_length a string": b'{"type": "synthesize", "data_length": "5"}\n',
+    "data not JSON": b'{"type": "synthesize", "data_length": 5}\nxxxxx',
+    "voice a string": raw_line("synthesize", {"text": "hi", "voice": "ryan"}),
+    "voice name a number": raw_line("synthesize", {"text": "hi", "voice": {"name": 5}}),
+    "chunk text a list": raw_line("synthesize-start", {}) + raw_line("synthesize-chunk", {"text": ["a"]}),
+    "a 70 KB line": b'{"type": "' + b"x" * 70_000 + b'"}\n',
+    "deep nesting": b'{"type": "synthesize", "data": {"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",
+    "unknown speaker": raw_line("synthesize", {"text": "hi", "voice": {"name": "ryan", "speaker": "nobody"}}),
+}
+
+
+def test_every_malformed_event_gets_the_error_event(cv_engine):
+    """(8) Each gets one documented error event (code, text), then the connection closes."""
+
+    async def scenario():
+        service, server, port = await start(cv_engine)
+        try:
+            return {name: await raw_exchange(port, payload) for name, payload in BAD.items()}
+        finally:
+            await server.stop()
+
+    for name, (events, closed) in run(scenario()).items():
+        assert closed and [e["type"] for e in events] == ["error"], (name, events, closed)
+        data = events[0]["data"]
+        assert data["code"] in ("invalid_event", "invalid_request", "voice_not_found"), (name, data)
+        assert "generation failed" not in data["text"], (name, data)
+    results = run(scenario())
+    assert "string" in results["text a number"][0][0]["data"]["text"]
+    assert results["unknown speaker"][0][0]["data"]["code"] == "voice_not_found"
+
+
+def test_connection_cap_and_idle_timeout(cv_engine):
+    """(8) 3 connections allowed: a 4th gets too_many_connections; idle ones are closed after 1 s."""
+
+    async def scenario():
+        service, server, port = await start(cv_engine, max_connections=3, idle_timeout_s=1.0)
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+            for _ in range(100):
+                if len(service.connections) == 3:
+                    break
+                await asyncio.sleep(0.02)
+            extra, extra_closed = await raw_exchange(port, b"", deadline=2.0)
+            out = []
+            for reader, writer in idle:
+                line = await asyncio.wait_for(reader.readline(), 1.0 + SLACK_S)
+                out.append(json.loads(line) if line else None)
+                writer.close()
+            async with client(f"tcp://127.0.0.1:{port}") as c:  # served again afterwards
+                await c.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice(name="ryan")).event())
+                after = await asyncio.wait_for(events_until(c, "audio-stop"), 60)
+            return extra, extra_closed, out, after
+        finally:
+            await server.stop()
+
+    extra, extra_closed, idle, after = run(scenario())
+    assert extra_closed and [e["type"] for e in extra] == ["error"], extra
+    assert "too_many_connections" in json.dumps(extra)
+    assert all(e is not None and e["type"] == "error" for e in idle), idle
+    assert after[-1].type == "audio-stop"
+
+
+def test_base_catalog_lists_and_reads_regular_files_only(tmp_path):
+    """(8) Symlinks in a Base voices folder (inside, outside, dangling) and a directory: not voices."""
+    from qtts.voice import Voice
+
+    d, outside = tmp_path / "voices", tmp_path / "elsewhere"
+    d.mkdir()
+    outside.mkdir()
+    Voice(speaker=np.ones(8, np.float32)).save(str(d / "me.voice"))
+    Voice(speaker=np.ones(8, np.float32)).save(str(outside / "secret.voice"))
+    os.symlink(outside / "secret.voice", d / "leak.voice")
+    os.symlink(d / "me.voice", d / "alias.voice")
+    os.symlink(d / "nothing.voice", d / "gone.voice")
+    os.mkdir(d / "dir.voice")
+    cat = Catalog(SimpleNamespace(model_type="base", languages=["auto"]), voices_dir=str(d))
+    assert cat.voice_names() == ["me"]
+    for name in ("leak", "alias", "gone", "dir"):
+        with pytest.raises(VoiceNotFound):
+            cat.resolve(name)
+    choice = cat.resolve("me")
+    assert float(cat.load_voice(choice).speaker[0]) == 1.0
+    os.unlink(d / "me.voice")
+    os.symlink(outside / "secret.voice", d / "me.voice")  # swapped for a link after it was listed
+    with pytest.raises(qtts.errors.InputError):
+        cat.load_voice(choice)
