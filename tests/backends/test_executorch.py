@@ -92,15 +92,15 @@ def test_bundle_manifest_plan_and_contracts(bundle):
 
 
 def test_main_env_names_the_executorch_extra(bundle, tmp_path, capsys):
-    """The main .venv has no executorch: loading the plan fails with the install hint (exit 1)."""
+    """The main .venv has no executorch: loading the plan fails with the install hint (exit 2)."""
     snap, out = bundle
     assert "executorch" not in sys.modules
     speaker = ModelConfig.from_dir(snap).speakers[0]
     _, argv = _say(["-m", snap, "--plan", os.path.join(out, "plan.json"), "--speaker", speaker], tmp_path, "x")
-    assert main(argv) == 1
-    assert "qtts[executorch]" in capsys.readouterr().err
+    assert main(argv) == 2
+    assert '".[executorch]"' in capsys.readouterr().err
     fresh = str(tmp_path / "fresh")
-    assert main(["export", "executorch", "-m", snap, "-o", fresh]) == 1  # refused before any work
+    assert main(["export", "executorch", "-m", snap, "-o", fresh]) == 2  # refused before any work
     assert "setup_executorch_env.sh" in capsys.readouterr().err and not os.path.exists(fresh)
 
 

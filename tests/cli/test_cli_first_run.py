@@ -228,6 +228,10 @@ def test_export_choices_match_the_exporters():
 
     assert cli.PRECISIONS == onnx.PRECISIONS and cli.PREDICTOR_MODES == onnx.PREDICTOR_MODES
     assert cli.DEFAULT_BLOCK_SIZE == quantize.DEFAULT_BLOCK_SIZE and cli.RKNN_TARGETS == rknn.TARGETS
+    from qtts.cli import export_et
+    from qtts.export import executorch
+
+    assert export_et.WEIGHTS == executorch.WEIGHTS
 
 
 NO_EXPORT = """

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError, require
-from .base import OpenContext, run_predictor_steps
+from .base import OpenContext
 from .bundle import read_manifest
 from .plain import PlainPredictor
 from .vocoder_step import StepContract, StepVocoder
@@ -125,13 +125,7 @@ class EtBackend:
 
     def predictor_logits(self, hidden, code0: int, sampler, uniforms):
         """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
-        step, heads = self.plain.frame_logits(hidden), []
-
-        def logged(j: int, code: int) -> np.ndarray:
-            heads.append(step(j, code))
-            return heads[-1]
-
-        return run_predictor_steps(logged, code0, sampler, uniforms), np.stack(heads)
+        return self.plain.predictor_logits(hidden, code0, sampler, uniforms)
 
 
 def read_contract(pte: str) -> StepContract:

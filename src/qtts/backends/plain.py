@@ -63,3 +63,13 @@ class PlainPredictor:
 
     def predict_frame(self, hidden, code0: int, sampler, uniforms) -> np.ndarray:
         return run_predictor_steps(self.frame_logits(hidden), code0, sampler, uniforms)
+
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
+        step, heads = self.frame_logits(hidden), []
+
+        def logged(j: int, code: int) -> np.ndarray:
+            heads.append(step(j, code))
+            return heads[-1]
+
+        return run_predictor_steps(logged, code0, sampler, uniforms), np.stack(heads)

@@ -156,6 +156,10 @@ class QnnBackend(TorchBackend):
     def predict_frame(self, hidden: np.ndarray, code0: int, sampler, uniforms: np.ndarray) -> np.ndarray:
         return self.plain.predict_frame(hidden, code0, sampler, uniforms)
 
+    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
+        """The plain step's logits (TorchBackend's would call predict_frame with its heads list)."""
+        return self.plain.predictor_logits(hidden, code0, sampler, uniforms)
+
 
 def torch_tables(talker) -> tuple[np.ndarray, np.ndarray]:
     """(talker codec embedding [V0, H], predictor codec embeddings [15, V, H]) as fp32 numpy."""

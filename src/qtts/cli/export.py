@@ -11,6 +11,7 @@ import time
 from ..backends.plan import COMPONENTS, LEGACY_NAMES
 from ..errors import InputError
 from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
+from .export_et import register_et
 
 DEFAULT_SCHEDULES = ("1", "2", "4", "16", "64", "2,16")
 # The choices below mirror qtts.export.onnx.PRECISIONS / PREDICTOR_MODES, quantize.DEFAULT_BLOCK_SIZE
@@ -40,8 +41,7 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="output folder (gets plan.json)")
     _chunk_frames(p, 4, "--codes-length")
     p.add_argument("--soc-model", default="57", help="QNN soc_model for HTP fp16 (default 57 = SM8550)")
-    _export_et_arguments(command(ex, "executorch", run_export_et, "export talker, predictor and vocoder steps "
-                                 "to ExecuTorch XNNPACK .pte files with a plan.json (needs the [executorch] extra)"))
+    register_et(ex)
     _export_rknn_arguments(command(ex, "rknn", run_export_rknn, "compile an ONNX vocoder step to .rknn "
                                    "(fp16, rknn-toolkit2 in .venv-rknn) with a simulator check"))
     ve = group(sub, "verify", "check a plan or the streaming vocoder against the torch fp32 reference")
@@ -150,30 +150,6 @@ def run_export_qnn(args) -> int:
     print(f"vocoder step: {out['vocoder']['path']}")
     print(f"plan: {out['plan']}  (talker: torch; predictor and vocoder: qnn fp16)")
     print(f"check it: qtts verify plan -m {args.model} --plan {out['plan']}")
-    return 0
-
-
-def _export_et_arguments(p) -> None:
-    add_model(p, plan=False, dtype=False, threads=None)
-    p.add_argument("-o", "--output", required=True, help="bundle folder to write (new or empty)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty folder (an older bundle) as a whole")
-    p.add_argument("--weights", choices=PRECISIONS, default="fp32", help="talker, predictor and text projection "
-                   "weights: fp32, int8 (8da8w) or int4 (8da4w, groups of 32); the vocoder stays fp32")
-    p.add_argument("--max-len", type=number(lo=2), default=1024, metavar="N",
-                   help="talker KV slots (prompt + frames) of the fixed-size cache (default 1024)")
-    _chunk_frames(p, 4, "--codes-length")
-
-
-def run_export_et(args) -> int:
-    from ..export.executorch import export_et_bundle
-
-    check_folder(args.output)
-    t0 = time.perf_counter()
-    plan = export_et_bundle(args.model, args.output, args.weights, args.max_len, args.chunk_frames,
-                            overwrite=args.force)  # fmt: skip
-    print(f"exported talker, predictor and vocoder to {args.output} in {time.perf_counter() - t0:.1f} s")
-    print(f"plan ({os.path.join(args.output, 'plan.json')}):")
-    print(json.dumps(plan, indent=2, sort_keys=True))
     return 0
 
 
