@@ -26,13 +26,13 @@ REF = os.path.normpath(
     os.path.join(HERE, "..", "..", "shared", "reference", "configs", "Qwen3-TTS-12Hz-0.6B-Base")
 )
 
-import official  # noqa: E402
-from encoder_helpers import codec_wav, speaker_wav  # noqa: E402
 from qtts.audio.mel import log_mel  # noqa: E402
 from qtts.backends.torch import TorchSpeakerEncoder  # noqa: E402
 from qtts.config import ModelConfig  # noqa: E402
 from qtts.model.speaker import SpeakerEncoder  # noqa: E402
 from qtts.model.speech_encoder import Encoder  # noqa: E402
+from support import official  # noqa: E402
+from support.encoder_helpers import codec_wav, speaker_wav  # noqa: E402
 
 
 def _randomize(module, seed: int, gain: float) -> None:

@@ -23,10 +23,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
-from batch_util import TEXTS, request, voices  # noqa: E402
-
 from qtts.backends import open as open_parts  # noqa: E402
 from qtts.engine.generate import advance_rows, next_code0, predict_rows, prefill, release  # noqa: E402
+from support.batch_util import TEXTS, request, voices  # noqa: E402
 
 
 def _cpu() -> str:
