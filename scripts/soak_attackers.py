@@ -117,11 +117,9 @@ class Attackers:
             s.close()
 
     # -- the attacks -------------------------------------------------------------------------------
-    def _ws_stall(self) -> bool:
-        """A 4 KiB receive buffer, a long answer, nothing read: dropped after the write timeout."""
-        s, _ = self._ws(rcvbuf=4096)
-        s.sendall(_text(self.session) + _text({"type": "text.delta", "delta": LONG}) + _text({"type": "text.done"}))
-        end = time.monotonic() + 180
+    def _until_closed(self, s, seconds: float) -> bool:
+        """Read nothing; wait (at most ``seconds``) until the server closes ``s``, then close it."""
+        end = time.monotonic() + seconds
         while time.monotonic() < end and not self.stop.is_set():
             time.sleep(1)
             try:
@@ -134,6 +132,12 @@ class Attackers:
                 break
         s.close()
         return True
+
+    def _ws_stall(self) -> bool:
+        """A 4 KiB receive buffer, a long answer, nothing read: dropped after the write timeout."""
+        s, _ = self._ws(rcvbuf=4096)
+        s.sendall(_text(self.session) + _text({"type": "text.delta", "delta": LONG}) + _text({"type": "text.done"}))
+        return self._until_closed(s, 180)
 
     def _ws_idle(self) -> bool:
         """session.update, then empty deltas and unknown messages every second: idles out."""
@@ -253,19 +257,7 @@ class Attackers:
         s = self._sock(self.wyoming_port, rcvbuf=4096)
         line = {"type": "synthesize", "data": {"text": LONG}}
         s.sendall(json.dumps(line).encode() + b"\n")
-        end = time.monotonic() + 120
-        while time.monotonic() < end and not self.stop.is_set():
-            time.sleep(1)
-            try:
-                s.setblocking(False)
-                if s.recv(1, socket.MSG_PEEK) == b"":
-                    break
-            except BlockingIOError:
-                continue
-            except OSError:
-                break
-        s.close()
-        return True
+        return self._until_closed(s, 120)
 
     def _wy_malformed(self) -> bool:
         ok = True
