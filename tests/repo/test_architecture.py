@@ -3,7 +3,7 @@
 * no import circles in ``src/qtts`` (lazy, function-level imports count too);
 * ``qtts.model`` imports only ``qtts.model``, ``qtts.config`` and ``qtts.errors``;
 * neither ``qtts.api`` nor any runtime (``qtts.backends``) reaches ``qtts.export``, except through the
-  one declared edge :data:`BUILD_EDGE`: the plan cache calls the exporter to build a missing preset
+  one declared edge :data:`BUILD_EDGE`: the plan cache's store calls the exporter to build a missing preset
   (lazily; a cached or exported bundle never imports ``qtts.export``, tests/backends/test_no_torch_runtime.py);
 * every file is under 400 lines and every function under 50 (STYLE.md's size budget);
 * the package tree in docs/design.md lists exactly the modules that exist;
