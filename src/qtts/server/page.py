@@ -49,34 +49,21 @@ def _serve(name: str) -> Response:
     return Response(asset(name), media_type=ASSETS[name], headers=HEADERS)
 
 
-@router.get("/", include_in_schema=False)
-async def index() -> Response:
-    return _serve("index.html")
+#: the page's URLs and the file each one serves (GET, outside the API schema)
+ROUTES = {"/": "index.html", "/ui/app.js": "app.js", "/ui/style.css": "style.css", "/ui/icon.svg": "icon.svg",
+          "/docs": "docs.html", "/ui/docs.js": "docs.js"}  # fmt: skip
 
 
-@router.get("/ui/app.js", include_in_schema=False)
-async def script() -> Response:
-    return _serve("app.js")
+def _route(name: str):
+    async def serve() -> Response:
+        return _serve(name)
+
+    serve.__name__ = "page_" + name.replace(".", "_")
+    return serve
 
 
-@router.get("/ui/style.css", include_in_schema=False)
-async def style() -> Response:
-    return _serve("style.css")
-
-
-@router.get("/docs", include_in_schema=False)
-async def docs() -> Response:
-    return _serve("docs.html")
-
-
-@router.get("/ui/docs.js", include_in_schema=False)
-async def docs_script() -> Response:
-    return _serve("docs.js")
-
-
-@router.get("/ui/icon.svg", include_in_schema=False)
-async def icon() -> Response:
-    return _serve("icon.svg")
+for _path, _name in ROUTES.items():
+    router.add_api_route(_path, _route(_name), methods=["GET"], include_in_schema=False)
 
 
 def takes_instruct(model_type: str, model_size: str) -> bool:
