@@ -147,7 +147,7 @@ def test_unwritable_cache_builds_in_a_temporary_folder(built, tmp_path, monkeypa
         tts = qtts.load(snapshot, threads=1)
     warnings = [r.getMessage() for r in caplog.records if "not writable" in r.getMessage()]
     assert len(warnings) == 1 and "temporary folder" in warnings[0], caplog.text
-    assert len(calls) == 1 and calls[0].talker == "int8" and calls[0].tables == "fp16"
+    assert len(calls) == 1 and calls[0].talker == "int8" and calls[0].tables == "int8"
     assert tts.components.plan.get("talker").impl == "onnx"
     assert not tts.components.plan.path.startswith(str(blocker))
 

@@ -60,8 +60,8 @@ class Preset:
 
 PRESETS = {
     "faithful": Preset("fp32", "fp32", "fp32", summary="fp32 ONNX: the torch reference's codes, faster"),
-    "fast": Preset("int8", "int8", "fp16", summary="int8 weights (block 128), fp16 tables: the default"),
-    "fastest": Preset("int4", "int4", "fp16", summary="int4 weights (block 128): fails the fidelity gate, opt-in"),
+    "fast": Preset("int8", "int8", "int8", summary="int8 weights (block 128), int8 tables: the default"),
+    "fastest": Preset("int4", "int4", "int8", summary="int4 weights (block 128): fails the fidelity gate, opt-in"),
 }
 #: the preset the rule in docs/fidelity.md picks: the fastest one whose teacher-forced talker and
 #: predictor logits stay >= 25 dB at full size and that streams at RTF <= 0.9 on a 2-core CPU

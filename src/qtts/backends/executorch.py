@@ -32,6 +32,7 @@ from ..errors import InputError, require
 from .base import OpenContext
 from .bundle import read_manifest
 from .plain import PlainPredictor
+from .tables import load_table
 from .vocoder_step import StepContract, StepVocoder
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,8 @@ class EtBackend:
     def __init__(self, talker: str, predictor: str, files: dict, meta: dict, threads: int | None = 1):
         """``talker``/``predictor``: .pte paths; ``files``: tables + text projection (absolute);
         ``meta``: the manifest's ``graphs``."""
-        load = lambda key: np.ascontiguousarray(np.load(files[key], mmap_mode="r"), dtype=np.float32)  # noqa: E731
-        self.text_table = np.load(files["text_embedding"], mmap_mode="r")
+        load = lambda key: np.ascontiguousarray(load_table(files[key]), dtype=np.float32)  # noqa: E731
+        self.text_table = load_table(files["text_embedding"])
         self.codec_table = load("codec_embedding")
         self.predictor_tables = load("predictor_codec_embedding")
         self.hidden_size = int(self.codec_table.shape[1])

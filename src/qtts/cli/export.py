@@ -9,6 +9,7 @@ import os
 import time
 
 from ..backends.plan import COMPONENTS, LEGACY_NAMES
+from ..backends.tables import STORAGES as TABLE_STORAGES
 from ..errors import InputError
 from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
 from .export_et import register_et
@@ -84,6 +85,9 @@ def _export_onnx_arguments(p) -> None:
     p.add_argument("--predictor-weights", choices=PRECISIONS, help="override --weights for the predictor")
     p.add_argument("--block-size", type=int, choices=(32, 64, 128), default=DEFAULT_BLOCK_SIZE,
                    help=f"MatMulNBits block size (default {DEFAULT_BLOCK_SIZE}: fastest; 32: most faithful)")
+    p.add_argument("--tables", choices=TABLE_STORAGES, default="fp32",
+                   help="storage of the gathered embedding tables (default fp32; fp16 halves them, int8 with "
+                   "per-row scales quarters them: the 'fast' preset's choice)")
     p.add_argument("--predictor-mode", choices=PREDICTOR_MODES, default="frame",
                    help="frame: 15 steps + sampling fused in one graph (fastest); step: one graph run per code")
     p.add_argument("--components", nargs="+", type=_component, default=list(COMPONENTS), metavar="NAME",
@@ -111,6 +115,7 @@ def run_export_onnx(args) -> int:
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
         vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs, vocoder_streams=args.vocoder_streams,
+        tables=args.tables,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)

@@ -16,6 +16,7 @@ lengths); tests/engine/test_batching.py checks the codes against streams run alo
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -44,7 +45,7 @@ class PredictorFrameBatchGraph(PredictorFrameGraph):
         rows = torch.zeros_like(code0, dtype=torch.float32).view(-1, 1, 1, 1)  # [B,1,1,1], B dynamic
         past = rows.expand(-1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
         pasts = [past for _ in range(2 * cfg.num_hidden_layers)]
-        x = torch.stack([hidden, self.codec0[code0]], dim=1)  # [B, 2, H_talker]
+        x = torch.stack([hidden, self.codec0[code0].float()], dim=1)  # [B, 2, H_talker]
         codes, pos = [], 0
         for j in range(PREDICTOR_STEPS):
             t = x.shape[1]
@@ -56,7 +57,7 @@ class PredictorFrameBatchGraph(PredictorFrameGraph):
             codes.append(code)
             pos += t
             if j < PREDICTOR_STEPS - 1:
-                x = self.tables[j][code][:, None, :]  # [B, 1, H_talker]
+                x = self.tables[j][code].float()[:, None, :]  # [B, 1, H_talker]
         return torch.stack(codes, dim=1)
 
 
@@ -80,8 +81,9 @@ def export_talker_batch(talker, path: str) -> dict:
             "kv": ["B", cfg.num_key_value_heads, "kv_len", cfg.head_dim], "layers": n}  # fmt: skip
 
 
-def export_predictor_batch(talker, path: str) -> dict:
-    """The fused predictor frame for ``B`` streams; returns its manifest description."""
+def export_predictor_batch(talker, path: str, table_dtype=None) -> dict:
+    """The fused predictor frame for ``B`` streams (its codec tables in ``table_dtype``, as the
+    one-stream frame graph's); returns its manifest description."""
     b, hidden = 2, talker.cfg.hidden_size
     args = (torch.zeros(b, hidden), torch.zeros(b, dtype=torch.int64), torch.zeros(b, PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(b, dtype=torch.bool))  # fmt: skip
@@ -93,16 +95,17 @@ def export_predictor_batch(talker, path: str) -> dict:
         "codes": {0: "B"},
     }
     export_graph(
-        PredictorFrameBatchGraph(talker).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
+        PredictorFrameBatchGraph(talker, table_dtype=table_dtype).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
     )
     return {"inputs": PREDICTOR_INPUTS, "outputs": ["codes"]}
 
 
-def export_batch_graphs(talker, out: str, precision: dict, quantize) -> dict:
+def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None) -> dict:
     """Both batch graphs into ``out``, quantized like the one-stream graphs; ``precision``: component ->
     precision, ``quantize(path, precision) -> settings``. Returns component -> {artifact, io, quantization}."""
     written = {}
-    for name, export in (("talker", export_talker_batch), ("predictor", export_predictor_batch)):
+    predictor = functools.partial(export_predictor_batch, table_dtype=table_dtype)
+    for name, export in (("talker", export_talker_batch), ("predictor", predictor)):
         if name not in precision:
             continue
         fname = f"{name}.batch.{precision[name]}.onnx"

@@ -249,15 +249,17 @@ class PredictorFrameGraph(nn.Module):
     top_p [1], do_sample [1] bool) -> (codes [15] i64, logits [15, vocab])``. The 17-slot caches live
     inside the graph; the runtime fetches only ``codes``, ``qtts verify plan`` the logits too."""
 
-    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2):
+    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2, table_dtype=None):
+        """``table_dtype``: storage of the in-graph codec tables (fp32 default; float16 halves them,
+        each gathered row is cast back to fp32)."""
         super().__init__()
         predictor = talker.code_predictor
         self.cfg = cfg = predictor.cfg
         self.step = PredictorStepGraph(predictor)
-        self.codec0 = nn.Parameter(talker.model.codec_embedding.weight.detach().clone(), requires_grad=False)
+        dtype = table_dtype or torch.float32
+        self.codec0 = nn.Parameter(talker.model.codec_embedding.weight.detach().to(dtype), requires_grad=False)
         self.tables = nn.ParameterList(
-            nn.Parameter(e.weight.detach().clone(), requires_grad=False)
-            for e in predictor.model.codec_embedding
+            nn.Parameter(e.weight.detach().to(dtype), requires_grad=False) for e in predictor.model.codec_embedding
         )
         cos, sin = rope_tables(max_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("cos", cos, persistent=False)
@@ -268,7 +270,7 @@ class PredictorFrameGraph(nn.Module):
         cfg, step = self.cfg, self.step
         shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
         pasts = [torch.zeros(shape) for _ in range(2 * cfg.num_hidden_layers)]
-        x = torch.stack([hidden, self.codec0[code0]], dim=1)  # [1, 2, H_talker]
+        x = torch.stack([hidden, self.codec0[code0].float()], dim=1)  # [1, 2, H_talker]
         codes, heads, pos = [], [], 0
         for j in range(PREDICTOR_STEPS):
             t = x.shape[1]
@@ -281,7 +283,7 @@ class PredictorFrameGraph(nn.Module):
             heads.append(logits)
             pos += t
             if j < PREDICTOR_STEPS - 1:
-                x = self.tables[j][code][:, None, :]  # [1, 1, H_talker]
+                x = self.tables[j][code].float()[:, None, :]  # [1, 1, H_talker]
         return torch.cat(codes), torch.cat(heads)  # codes [15]; logits [15, vocab] (qtts verify plan)
 
 

@@ -12,6 +12,7 @@ target as it was, and a re-export never mixes files of two exports.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
 from ..backends.plan import COMPONENTS
+from ..backends.tables import STORAGES, save_table
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from ..files import temp_dir_beside
@@ -62,7 +64,8 @@ class ExportOptions:
     #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True
     #: storage of the gathered embedding tables (text, codec, predictor codec): "fp16" halves them
-    #: (the 151936 x 2048 text embedding is 1.24 GB in fp32); rows are read back as fp32
+    #: (the 151936 x 2048 text embedding is 1.24 GB in fp32), "int8" (per-row scales) quarters
+    #: them; rows are read back as fp32 (qtts.backends.tables)
     tables: str = "fp32"
 
 
@@ -116,7 +119,7 @@ def export_predictor_step(talker, path: str) -> dict:
     return _io(inputs, heads, cfg, PREDICTOR_SLOTS)
 
 
-def export_predictor_frame(talker, path: str) -> dict:
+def export_predictor_frame(talker, path: str, table_dtype=None) -> dict:
     import torch
 
     from .graphs import PredictorFrameGraph
@@ -124,7 +127,8 @@ def export_predictor_frame(talker, path: str) -> dict:
     args = (torch.zeros(1, talker.cfg.hidden_size), torch.zeros(1, dtype=torch.int64), torch.zeros(PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.bool))  # fmt: skip
     inputs = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
-    export_graph(PredictorFrameGraph(talker).eval(), args, path, inputs, ["codes", "logits"], {}, contrib=True)
+    graph = PredictorFrameGraph(talker, table_dtype=table_dtype).eval()
+    export_graph(graph, args, path, inputs, ["codes", "logits"], {}, contrib=True)
     return {"inputs": inputs, "outputs": ["codes", "logits"]}
 
 
@@ -139,15 +143,14 @@ def export_text_projection(talker, path: str) -> dict:
     return {"inputs": ["rows"], "outputs": ["embeds"]}
 
 
-TABLE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 _GATHERED = ("text_embedding", "codec_embedding", "predictor_codec_embedding")
 
 
 def write_tables(talker, out: str, storage: str = "fp32") -> dict:
     """Embedding and RoPE tables as ``tables/*.npy`` (the gathered embeddings in ``storage``, RoPE
     always fp32); returns name -> path relative to ``out``."""
-    if storage not in TABLE_DTYPES:
-        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(TABLE_DTYPES)}")
+    if storage not in STORAGES:
+        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(STORAGES)}")
     from .graphs import rope_tables
 
     cfg = talker.cfg
@@ -163,9 +166,7 @@ def write_tables(talker, out: str, storage: str = "fp32") -> dict:
     }
     os.makedirs(os.path.join(out, "tables"), exist_ok=True)
     for name, arr in tables.items():
-        with open(os.path.join(out, "tables", name + ".npy"), "wb") as fh:
-            dtype = TABLE_DTYPES[storage] if name in _GATHERED else np.float32
-            np.save(fh, np.ascontiguousarray(arr, dtype=dtype))
+        save_table(os.path.join(out, "tables", name + ".npy"), arr, storage if name in _GATHERED else "fp32")
     return {name: f"tables/{name}.npy" for name in tables}
 
 
@@ -226,7 +227,8 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> t
     if "predictor" in opts.components:
         _phase(progress, "predictor")
         mode = opts.predictor_mode
-        fn = export_predictor_frame if mode == "frame" else export_predictor_step
+        fn = functools.partial(export_predictor_frame, table_dtype=_graph_tables(opts))
+        fn = fn if mode == "frame" else export_predictor_step
         name = f"predictor.{mode}.{opts.predictor}.onnx"
         plan["predictor"], io, q = _quantized(fn, talker, out, name, opts.predictor, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
@@ -234,6 +236,14 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> t
         _phase(progress, "batch graphs")
         _batch_graphs(talker, out, opts, plan, meta)
     return plan, meta, files
+
+
+def _graph_tables(opts: ExportOptions):
+    """The dtype of the codec tables inside the predictor frame graphs: fp16 unless ``tables`` is fp32
+    (ONNX has no int8 Gather of rows with scales in the default opset; fp16 rows cast to fp32)."""
+    import torch
+
+    return torch.float32 if opts.tables == "fp32" else torch.float16
 
 
 def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict) -> None:
@@ -246,7 +256,8 @@ def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict)
         precision["predictor"] = opts.predictor
     from .vocoder import share_step_weights
 
-    written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size))
+    written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size),
+                                  table_dtype=_graph_tables(opts))
     for name, info in written.items():
         plan[name]["artifacts"]["batch"] = info["artifact"]
         meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}

@@ -1,0 +1,113 @@
+"""Gathered embedding tables (qtts.backends.tables): fp32/fp16/int8 storage round trips, the int8
+rows' SNR, stacked-table indexing, a bundle exported with int8 tables runs and stays close to fp32."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from qtts.backends.tables import QuantTable, load_table, quantize_rows, save_table, storage_of
+from qtts.cli import main as qtts_main
+from qtts.errors import InputError
+
+
+def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    ref, test = np.asarray(ref, np.float64), np.asarray(test, np.float64)
+    return float(10 * np.log10(np.sum(ref**2) / max(np.sum((ref - test) ** 2), 1e-30)))
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp16", "int8"])
+def test_round_trip_by_storage(storage, tmp_path):
+    rng = np.random.default_rng(0)
+    arr = rng.standard_normal((300, 64)).astype(np.float32) * 0.02
+    path = str(tmp_path / "t.npy")
+    save_table(path, arr, storage)
+    table = load_table(path)
+    assert storage_of(table) == storage and table.shape == arr.shape
+    ids = np.array([0, 7, 299, 7])
+    rows = np.asarray(table[ids], dtype=np.float32)
+    floor = {"fp32": 200.0, "fp16": 60.0, "int8": 38.0}[storage]
+    assert _snr_db(arr[ids], rows) >= floor
+    assert sorted(os.listdir(tmp_path)) == (["t.npy", "t.scale.npy"] if storage == "int8" else ["t.npy"])
+
+
+def test_int8_rows_keep_about_42_db_on_gaussian_rows():
+    rng = np.random.default_rng(1)
+    arr = rng.standard_normal((512, 2048)).astype(np.float32)
+    data, scale = quantize_rows(arr)
+    assert data.dtype == np.int8 and scale.shape == (512,) and np.abs(data).max() == 127
+    snr = _snr_db(arr, data.astype(np.float32) * scale[:, None])
+    assert 39.0 <= snr <= 46.0, snr  # 20 log10(127 sqrt(12) / absmax-in-sigma), absmax ~ 3.5 sigma
+
+
+def test_stacked_table_index_then_rows_equals_dequantized_whole(tmp_path):
+    rng = np.random.default_rng(2)
+    arr = rng.standard_normal((3, 50, 16)).astype(np.float32)
+    path = str(tmp_path / "s.npy")
+    save_table(path, arr, "int8")
+    table = load_table(path)
+    whole = np.asarray(table)
+    sub = table[1]
+    assert isinstance(sub, QuantTable) and sub.shape == (50, 16)
+    np.testing.assert_array_equal(sub[[4, 9]], whole[1][[4, 9]])
+    np.testing.assert_array_equal(table[np.array([0, 2])], whole[[0, 2]])
+    assert _snr_db(arr, whole) >= 38.0
+
+
+def test_all_zero_rows_and_missing_scales(tmp_path):
+    path = str(tmp_path / "z.npy")
+    save_table(path, np.zeros((4, 8), np.float32), "int8")
+    assert not np.asarray(load_table(path)).any()
+    os.unlink(str(tmp_path / "z.scale.npy"))
+    with pytest.raises(InputError, match="no scales .*re-export"):
+        load_table(path)
+    with pytest.raises(InputError, match="unknown table storage 'int3'"):
+        save_table(path, np.zeros((4, 8), np.float32), "int3")
+
+
+def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
+    from qtts.backends import open as open_components
+
+    outs = {}
+    for storage in ("fp32", "int8"):
+        out = str(tmp_path / storage)
+        args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
+                "--components", "talker", "predictor"]  # fmt: skip
+        assert qtts_main(args) == 0
+        outs[storage] = open_components(snapshot, os.path.join(out, "plan.json")).backend
+    with open(os.path.join(tmp_path, "int8", "manifest.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["options"]["tables"] == "int8"
+    assert os.path.exists(os.path.join(tmp_path, "int8", "tables", "text_embedding.scale.npy"))
+    ids = np.array([151644, 77091, 198, 1234, 151672])
+    ref, test = outs["fp32"], outs["int8"]
+    assert _snr_db(ref.text_embeds(ids), test.text_embeds(ids)) >= 30.0
+    codes = np.random.default_rng(3).integers(0, 2048, (4, 16))
+    assert _snr_db(ref.frame_embeds(codes), test.frame_embeds(codes)) >= 30.0
+    assert _snr_db(ref.codec_embeds(np.array([2155, 2149])), test.codec_embeds(np.array([2155, 2149]))) >= 35.0
+
+
+def test_predictor_frame_graph_keeps_its_codec_tables_in_fp16_unless_tables_are_fp32(snapshot, tmp_path):
+    import onnx
+
+    from qtts.backends import open as open_components
+    from qtts.options import SamplingParams
+
+    logits = {}
+    for storage in ("fp32", "fp16"):
+        out = str(tmp_path / storage)
+        args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
+                "--components", "talker", "predictor"]  # fmt: skip
+        assert qtts_main(args) == 0
+        graph = onnx.load(os.path.join(out, "predictor.frame.fp32.onnx"), load_external_data=False).graph
+        gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
+        dtypes = {i.data_type for i in graph.initializer if i.name in gathered and len(i.dims) == 2}
+        assert dtypes == {onnx.TensorProto.FLOAT16 if storage == "fp16" else onnx.TensorProto.FLOAT}
+        backend = open_components(snapshot, os.path.join(out, "plan.json")).backend
+        hidden = np.random.default_rng(4).standard_normal(backend.hidden_size).astype(np.float32)
+        greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
+        feeds = backend._fused_feeds(hidden, 17, greedy, np.zeros(15, np.float32))
+        logits[storage] = backend.predictor_sess.run(["logits"], feeds)[0]
+    assert _snr_db(logits["fp32"], logits["fp16"]) >= 50.0
