@@ -1,9 +1,10 @@
 """Fast by default (qtts.backends.cache): a load with no plan builds the default preset's ONNX bundle
-once, caches it per checkpoint / preset / qtts version, and later loads find it.
+once, in a child process, caches it per checkpoint / preset / qtts version, and later loads find it.
 
-One real build of the tiny CustomVoice checkpoint (module fixture ``built``) serves every test; the
-lock, kill and read-only tests replace the exporter by one that copies that bundle (``FAKE``), so
-they test the cache's bookkeeping, not the exporter again."""
+One real build of the tiny CustomVoice checkpoint (module fixture ``built``: the real child, the real
+exporter) serves every test; the lock, kill, failure and read-only tests run the real child too, with
+its test hook ``QTTS_TEST_EXPORTER`` naming tests/support/fake_exporter.py (it copies that bundle,
+recording each export in a file), so they test the cache's bookkeeping, not the exporter again."""
 
 from __future__ import annotations
 
@@ -18,26 +19,20 @@ import time
 import pytest
 
 import qtts
+from conftest import REPO_ROOT
 from qtts.backends import cache
 from qtts.cli import main as qtts_main
-from qtts.errors import InputError
+from qtts.errors import InputError, QttsError
+from support.fake_exporter import builds
 
-#: a stand-in exporter for subprocesses: logs its pid to COUNT, waits DELAY s, copies SOURCE
-FAKE = """
-import os, shutil, sys, time
-import qtts.export.onnx as onnx_export
-count, source, delay = os.environ["FAKE_COUNT"], os.environ["FAKE_SOURCE"], float(os.environ["FAKE_DELAY"])
-def fake_export(model, out, opts, overwrite=False, progress=None):
-    with open(count, "a") as fh:
-        fh.write(f"{os.getpid()}\\n")
-    os.makedirs(out)
-    open(os.path.join(out, "partial.onnx"), "w").close()
-    time.sleep(delay)
-    shutil.rmtree(out)
-    shutil.copytree(source, out)
-onnx_export.export_bundle = fake_export
+#: a loading process that builds the default plan and checks it imported no exporter and no torch
+LOADER = """
+import sys
 from qtts.backends.cache import resolve_plan
-print(resolve_plan(None, sys.argv[1]), flush=True)
+plan = resolve_plan(None, sys.argv[1])
+assert not [m for m in sys.modules if m.startswith("qtts.export")], "the loading process imported qtts.export"
+assert "torch" not in sys.modules, "the loading process imported torch"
+print(plan, flush=True)
 """
 BLOCK_TORCH = (
     "import sys; sys.modules['torch'] = None; "
@@ -48,16 +43,20 @@ BLOCK_TORCH = (
 
 @pytest.fixture(scope="module")
 def built(tiny_snapshot, tmp_path_factory):
-    """(snapshot, cache root, plan.json): the default plan of the tiny CustomVoice checkpoint, built by a load."""
+    """(snapshot, cache root, plan.json): the default plan of the tiny CustomVoice checkpoint, built by a
+    load (the real child process and exporter, end to end)."""
     snapshot = tiny_snapshot(kind="custom_voice")
     root = str(tmp_path_factory.mktemp("plan-cache"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QTTS_CACHE", root)
         mp.delenv("QTTS_PLAN", raising=False)
+        mp.delenv("QTTS_TEST_EXPORTER", raising=False)
         tts = qtts.load(snapshot, threads=1)
         plan = tts.components.plan
         assert plan.get("talker").impl == "onnx" and plan.get("talker").precision == "int8"
         assert plan.path.startswith(os.path.join(root, "bundles"))
+    info = cache.read_info(os.path.dirname(plan.path))
+    assert info["preset"] == "fast" and info["build_s"] > 0 and "torch" in info["versions"]
     return snapshot, root, plan.path
 
 
@@ -71,31 +70,50 @@ def auto(monkeypatch, tmp_path):
     return root
 
 
-def _fake_env(tmp_path, source: str, delay: float) -> dict:
-    env = dict(os.environ, FAKE_COUNT=str(tmp_path / "builds.txt"), FAKE_SOURCE=os.path.dirname(source),
-               FAKE_DELAY=str(delay))  # fmt: skip
-    env.pop("QTTS_PLAN", None)
-    return env
+@pytest.fixture
+def fake(built, tmp_path, monkeypatch):
+    """The build child's exporter replaced by support/fake_exporter.py (in this process's environment,
+    so children and their children get it); returns the file that records the exports."""
+    _, _, path = built
+    count = str(tmp_path / "builds.jsonl")
+    tests = os.path.join(REPO_ROOT, "tests")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    monkeypatch.setenv("QTTS_TEST_EXPORTER", "support.fake_exporter")
+    monkeypatch.setenv("FAKE_SOURCE", os.path.dirname(path))
+    monkeypatch.setenv("FAKE_COUNT", count)
+    monkeypatch.setenv("FAKE_DELAY", "0")
+    monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.delenv("QTTS_PLAN", raising=False)
+    return count
 
 
-def _copy_exporter(monkeypatch, source: str, calls: list) -> None:
-    import qtts.export.onnx as onnx_export
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie waiting to be reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
-    def fake_export(model, out, opts, overwrite=False, progress=None):
-        calls.append(opts)
-        shutil.copytree(os.path.dirname(source), out)
 
-    monkeypatch.setattr(onnx_export, "export_bundle", fake_export)
+def _wait_for_child(count: str, proc, deadline_s: float = 180) -> int:
+    """The pid of the build child once its exporter started (bounded wait)."""
+    deadline = time.monotonic() + deadline_s
+    while not builds(count) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert builds(count), f"the build never started (rc {proc.poll()})"
+    return builds(count)[0]["pid"]
 
 
-def test_hit_after_miss_loads_the_cached_bundle_without_export(built, monkeypatch):
+def _staged(root) -> list[str]:
+    return [n for n in os.listdir(os.path.join(root, "bundles")) if n.endswith(".part")]
+
+
+def test_hit_after_miss_loads_the_cached_bundle_without_export(built, fake, monkeypatch):
     snapshot, root, path = built
     monkeypatch.setenv("QTTS_CACHE", root)
-    monkeypatch.delenv("QTTS_PLAN", raising=False)
-    calls = []
-    _copy_exporter(monkeypatch, path, calls)
     tts = qtts.load(snapshot, threads=1)
-    assert tts.components.plan.path == path and calls == []
+    assert tts.components.plan.path == path and builds(fake) == []  # no build child ran
     assert cache.plan_label(tts.components.plan).startswith("fast (onnx: talker int8, predictor int8")
     audio = tts.synthesize("Hello there.", speaker="serena", options=qtts.SynthesisOptions(seed=1, max_frames=4))
     assert 0 < len(audio.samples) <= 4 * 1920
@@ -135,59 +153,98 @@ def test_no_build_names_the_command(tiny_snapshot, auto, tmp_path, capsys, monke
     assert not os.path.exists(tmp_path / "a.wav")
 
 
-def test_unwritable_cache_builds_in_a_temporary_folder(built, tmp_path, monkeypatch, caplog):
+def test_unwritable_cache_builds_in_a_temporary_folder(built, fake, tmp_path, monkeypatch, caplog):
     snapshot, _, path = built
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("QTTS_CACHE", str(blocker / "cache"))
-    monkeypatch.delenv("QTTS_PLAN", raising=False)
-    calls = []
-    _copy_exporter(monkeypatch, path, calls)
     with caplog.at_level(logging.WARNING, logger="qtts"):
         tts = qtts.load(snapshot, threads=1)
     warnings = [r.getMessage() for r in caplog.records if "not writable" in r.getMessage()]
     assert len(warnings) == 1 and "temporary folder" in warnings[0], caplog.text
-    assert len(calls) == 1 and calls[0].talker == "int8" and calls[0].tables == "int8"
+    done = builds(fake)
+    assert len(done) == 1 and done[0]["opts"]["talker"] == "int8" and done[0]["opts"]["tables"] == "int8"
+    assert done[0]["pid"] != os.getpid()  # exported in the child process
     assert tts.components.plan.get("talker").impl == "onnx"
     assert not tts.components.plan.path.startswith(str(blocker))
 
 
-def test_two_processes_at_once_build_once(built, tmp_path):
-    snapshot, _, path = built
-    env = _fake_env(tmp_path, path, delay=3.0)
-    env["QTTS_CACHE"] = str(tmp_path / "cache")
-    procs = [subprocess.Popen([sys.executable, "-c", FAKE, snapshot], env=env, stdout=subprocess.PIPE,
+def test_the_child_relays_progress_and_logs(built, fake, auto, caplog):
+    snapshot = built[0]
+    seen = []
+    with caplog.at_level(logging.INFO):
+        found = cache.resolve_plan(None, snapshot, listeners=(lambda pct, phase: seen.append((pct, phase)),))
+    assert found == cache.find_bundle(snapshot, "fast") and len(builds(fake)) == 1
+    text = caplog.text
+    assert "building the 'fast' plan: " in text and "% (talker)" in text  # the child's phases, shown here
+    assert "fake exporter: copying a bundle for" in text  # a log record of the child, logged again here
+    assert seen[-1] == (100, "done")
+    assert cache.read_info(os.path.dirname(found))["preset"] == "fast"  # the child wrote the cache info
+
+
+def test_a_failing_export_is_one_clear_error_and_leaves_nothing(built, fake, auto, monkeypatch):
+    snapshot = built[0]
+    monkeypatch.setenv("FAKE_FAIL", "the exporter ran out of luck")
+    with pytest.raises(QttsError, match="building the 'fast' plan failed: the exporter ran out of luck"):
+        cache.resolve_plan(None, snapshot)
+    assert cache.find_bundle(snapshot, "fast") is None and _staged(auto) == []
+    proc = subprocess.run([sys.executable, "-m", "qtts", "cache", "build", "-m", snapshot], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "the exporter ran out of luck" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_two_processes_at_once_build_once_and_import_no_exporter(built, fake, tmp_path, monkeypatch):
+    snapshot = built[0]
+    monkeypatch.setenv("QTTS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_DELAY", "3")
+    procs = [subprocess.Popen([sys.executable, "-c", LOADER, snapshot], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     plans = {o[0].strip() for o in outs}
     assert len(plans) == 1 and os.path.isfile(plans.pop())
-    assert len((tmp_path / "builds.txt").read_text().split()) == 1  # one exporter ran, the other waited
+    assert len(builds(fake)) == 1  # one exporter ran, the other process waited
+    assert builds(fake)[0]["pid"] not in [p.pid for p in procs]  # in a child of the builder
 
 
-def test_a_killed_build_is_not_reused(built, tmp_path, monkeypatch):
-    snapshot, _, path = built
-    root = tmp_path / "cache"
-    env = _fake_env(tmp_path, path, delay=120.0)
-    env["QTTS_CACHE"] = str(root)
-    proc = subprocess.Popen([sys.executable, "-c", FAKE, snapshot], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "builds.txt").exists() and time.monotonic() < deadline and proc.poll() is None:
+def test_a_killed_build_child_is_not_reused(built, fake, auto, monkeypatch):
+    """SIGKILL the real build child: its parent fails with one line and leaves nothing behind."""
+    snapshot = built[0]
+    monkeypatch.setenv("FAKE_DELAY", "120")
+    parent = subprocess.Popen([sys.executable, "-m", "qtts", "cache", "build", "-m", snapshot],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = _wait_for_child(fake, parent)
+    assert child != parent.pid
+    os.kill(child, signal.SIGKILL)
+    _, err = parent.communicate(timeout=120)
+    assert parent.returncode == 1 and "stopped by SIGKILL" in err and "Traceback" not in err, err[-3000:]
+    assert cache.find_bundle(snapshot, "fast") is None and _staged(auto) == []
+    monkeypatch.setenv("FAKE_DELAY", "0")
+    assert cache.resolve_plan(None, snapshot) == cache.find_bundle(snapshot, "fast")
+    assert len(builds(fake)) == 2
+
+
+def test_a_killed_parent_stops_its_child_and_leaves_no_bundle(built, fake, auto, monkeypatch):
+    """SIGKILL the loading process mid-build: the child stops too; the staging folder is no bundle and
+    the next build removes it (the lock died with its process: no wait)."""
+    snapshot = built[0]
+    monkeypatch.setenv("FAKE_DELAY", "120")
+    parent = subprocess.Popen([sys.executable, "-c", LOADER, snapshot], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    child = _wait_for_child(fake, parent)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert (tmp_path / "builds.txt").exists(), "the build never started"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    staged = [n for n in os.listdir(root / "bundles") if n.endswith(".part")]
-    assert staged, os.listdir(root / "bundles")
-    monkeypatch.setenv("QTTS_CACHE", str(root))
+    assert _gone(child), "the build child outlived its parent"
+    assert _staged(auto), os.listdir(os.path.join(auto, "bundles"))
     assert cache.find_bundle(snapshot, "fast") is None  # the half-written staging folder is no bundle
-    calls = []
-    _copy_exporter(monkeypatch, path, calls)
-    monkeypatch.delenv("QTTS_PLAN", raising=False)
-    found = cache.resolve_plan(None, snapshot)  # the lock died with its process: no wait
-    assert len(calls) == 1 and found == cache.find_bundle(snapshot, "fast")
-    assert not [n for n in os.listdir(root / "bundles") if n.endswith(".part")]
+    monkeypatch.setenv("FAKE_DELAY", "0")
+    found = cache.resolve_plan(None, snapshot)
+    assert len(builds(fake)) == 2 and found == cache.find_bundle(snapshot, "fast")
+    assert _staged(auto) == []
 
 
 def test_torch_free_install_uses_a_cached_bundle(built, tmp_path):
@@ -240,18 +297,18 @@ def test_health_names_the_plan_and_the_build(built, monkeypatch):
     assert health["status"] == "ok" and health["model"]["plan"].startswith("fast (onnx: talker int8")
 
 
-def test_presets_of_one_checkpoint_share_identical_files(built, tmp_path, monkeypatch, capsys):
+def test_presets_of_one_checkpoint_share_identical_files(built, fake, tmp_path, monkeypatch, capsys):
     from qtts.cli.cache import disk_bytes
 
     snapshot, root, path = built
     copy = tmp_path / "cache"
     shutil.copytree(root, copy)
     monkeypatch.setenv("QTTS_CACHE", str(copy))
-    calls = []
-    _copy_exporter(monkeypatch, path, calls)  # 'fastest' made of the same files: every one is shared
-    fastest = cache.resolve_plan("fastest", snapshot)
+    fastest = cache.resolve_plan("fastest", snapshot)  # 'fastest' made of the same files: every one is shared
     fast = cache.find_bundle(snapshot, "fast")
-    assert len(calls) == 1 and calls[0].talker == "int4" and os.path.dirname(fastest) != os.path.dirname(fast)
+    done = builds(fake)
+    assert len(done) == 1 and done[0]["opts"]["talker"] == "int4"
+    assert os.path.dirname(fastest) != os.path.dirname(fast)
     a, b = (os.path.join(os.path.dirname(p), "vocoder.data") for p in (fast, fastest))
     assert os.stat(a).st_ino == os.stat(b).st_ino
     bundles = [os.path.dirname(fast), os.path.dirname(fastest)]

@@ -2,9 +2,9 @@
 
 * no import circles in ``src/qtts`` (lazy, function-level imports count too);
 * ``qtts.model`` imports only ``qtts.model``, ``qtts.config`` and ``qtts.errors``;
-* neither ``qtts.api`` nor any runtime (``qtts.backends``) reaches ``qtts.export``, except through the
-  one declared edge :data:`BUILD_EDGE`: the plan cache's store calls the exporter to build a missing preset
-  (lazily; a cached or exported bundle never imports ``qtts.export``, tests/backends/test_no_torch_runtime.py);
+* neither ``qtts.api`` nor any runtime (``qtts.backends``) reaches ``qtts.export``, with no exception: the
+  plan cache builds a missing preset in a child process (``python -m qtts.export.cache_build``, started by
+  name from backends/build.py), so the loading process never imports the exporter;
 * every file is under 400 lines and every function under 50 (STYLE.md's size budget);
 * the package tree in docs/design.md lists exactly the modules that exist;
 * engine/ and text/ import no torch and no runtime; tools/ is never reached from the runtime;
@@ -24,8 +24,6 @@ from conftest import REPO_ROOT
 SRC = os.path.join(REPO_ROOT, "src")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 50
 GROUND = {"qtts.config", "qtts.errors"}
-#: the one runtime -> export import: qtts.backends.cache builds a missing preset's bundle (docs/design.md)
-BUILD_EDGE = ("qtts.backends.cache", "qtts.export.cache_build")
 
 
 def _modules() -> dict[str, str]:
@@ -75,7 +73,6 @@ def _graph() -> dict[str, set[str]]:
 
 
 GRAPH = _graph()
-GRAPH[BUILD_EDGE[0]].discard(BUILD_EDGE[1])  # checked below to be the only one of its kind
 
 
 def _reach(start: str) -> set[str]:
@@ -94,15 +91,18 @@ def test_the_checker_sees_the_package():
     assert "qtts.model.layers" in GRAPH["qtts.model.talker"]
 
 
-def test_the_build_edge_is_real_and_lazy():
-    """The declared edge exists and sits inside a function (importing the cache imports no exporter)."""
-    with open(MODULES[BUILD_EDGE[0]], encoding="utf-8") as fh:
+def test_the_build_child_is_started_by_name_not_imported():
+    """backends/build.py names the child's module as a string (a real module with a __main__ entry);
+    no runtime module imports it (test_runtime_never_reaches_export)."""
+    with open(MODULES["qtts.backends.build"], encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
-    top = {t for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-           for t in _targets(BUILD_EDGE[0], node)}  # fmt: skip
-    every = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-             for t in _targets(BUILD_EDGE[0], node)}  # fmt: skip
-    assert BUILD_EDGE[1] in every and not any(t.startswith("qtts.export") for t in top)
+    names = {node.targets[0].id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+             and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)}  # fmt: skip
+    child = names["CHILD"]
+    assert child == "qtts.export.cache_build" and child in MODULES
+    with open(MODULES[child], encoding="utf-8") as fh:
+        assert 'if __name__ == "__main__":' in fh.read()
+    assert not any(child in deps for mod, deps in GRAPH.items() if not mod.startswith("qtts.export"))
 
 
 def test_no_import_circles():

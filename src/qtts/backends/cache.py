@@ -9,10 +9,11 @@ A preset's bundle lives in ``$QTTS_CACHE`` (default ``~/.cache/qtts``) under
 ``bundles/<fingerprint>-<preset>-<key>``: the checkpoint fingerprint (:func:`qtts.bundle.fingerprint`),
 the preset, and a hash of everything else the bundle depends on (:func:`cache_key`: the qtts version,
 :data:`FORMAT`, the onnxruntime version that quantizes and runs it, the preset's export options).
-A missing bundle is built once (:func:`build` here: a key lock, a staging folder renamed when complete; the export step is :mod:`qtts.export.cache_build`, the one place where loading reaches
-the exporter, and only then) when the export extra is
-installed, unless ``no_build`` / ``$QTTS_NO_BUILD=1``, which make it an error naming the command
-that builds it.
+A missing bundle is built once (:func:`build` here: a key lock, a staging folder renamed when
+complete) when the export extra is installed, unless ``no_build`` / ``$QTTS_NO_BUILD=1``, which make
+it an error naming the command that builds it. The export itself runs in a child process
+(:mod:`qtts.backends.build`): this process never imports ``qtts.export`` or torch to build, and the
+child's memory goes back to the system when it ends.
 """
 
 from __future__ import annotations
@@ -342,14 +343,13 @@ def _build_temporary(snapshot: str, preset: str, key: str, listeners: tuple) -> 
 
 
 def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
-    """Export ``preset`` into ``out`` with progress, then write its cache info; returns ``out``."""
+    """Export ``preset`` into ``out`` in a child process with progress, and its cache info; returns ``out``."""
     from .. import __version__
-    from ..export.cache_build import export_preset  # the exporter, imported only to build (the allowed edge)
+    from .build import run_child
     from .bundle import fingerprint
 
     p = PRESETS[preset]
     info = {"preset": preset, "model": snapshot, "fingerprint": fingerprint(snapshot), "qtts_version": __version__,
             "format": FORMAT, "onnxruntime": runtime_version()}  # fmt: skip
     options = {"talker": p.talker, "predictor": p.predictor, "block_size": p.block_size, "tables": p.tables}
-    return export_preset(snapshot, out, options, info, os.path.join(out, INFO), f"the '{preset}' plan",
-                         listeners)  # fmt: skip
+    return run_child(snapshot, out, options, info, os.path.join(out, INFO), f"the '{preset}' plan", listeners)

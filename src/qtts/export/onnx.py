@@ -207,7 +207,7 @@ def _phase(progress, name: str) -> None:
 
 def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> tuple[dict, dict, dict]:
     """Talker, predictor, text projection and tables -> (plan entries, graph meta, runtime files);
-    ``progress(phase)`` is told each phase (:mod:`qtts.export.progress`)."""
+    ``progress(phase)`` is told each phase (:data:`qtts.backends.build.PHASES`)."""
     cfg, pcfg = talker.cfg, talker.code_predictor.cfg
     if (pcfg.head_dim, pcfg.rope_theta) != (cfg.head_dim, cfg.rope_theta):
         raise InputError("talker and predictor RoPE differ; this exporter shares one table")

@@ -96,7 +96,7 @@ class ServerState:
         self.load_error = message
 
     def build_listener(self, what: str):
-        """A :mod:`qtts.export.progress` listener: /health says how far the plan build is."""
+        """A :mod:`qtts.backends.build` progress listener: /health says how far the plan build is."""
 
         def listen(percent: int, phase: str) -> None:
             self.building = None if phase == "done" else f"building {what}, {percent} % ({phase})"
