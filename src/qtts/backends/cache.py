@@ -51,7 +51,7 @@ class Preset:
     #: weight precision of the talker and of the predictor
     talker: str
     predictor: str
-    #: storage of the gathered embedding tables (fp16 halves the 1.24 GB text embedding)
+    #: storage of the gathered embedding tables (fp16 halves the 1.24 GB fp32 text embedding, int8 quarters it)
     tables: str
     #: MatMulNBits block size (128: the fastest; docs/fidelity.md for what it costs)
     block_size: int = 128
@@ -314,7 +314,7 @@ def _remove_stale(root: str, key: str) -> None:
 
 def _link_shared(root: str, key: str, bundle: str) -> None:
     """Files identical to a file of the same name in another preset's bundle of this checkpoint (the
-    vocoder, the encoders, fp16 tables) become hard links to it: one copy on disk, and removing
+    vocoder, the encoders, tables) become hard links to it: one copy on disk, and removing
     either bundle leaves the other whole."""
     fp = key.split("-")[0]
     siblings = [os.path.join(root, n) for n in os.listdir(root) if n.startswith(fp + "-") and n != key]
