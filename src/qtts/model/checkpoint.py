@@ -1,33 +1,31 @@
-"""Snapshot resolution and strict, zero-copy checkpoint loading.
+"""The strict, zero-copy checkpoint loader of the model modules (a local snapshot directory).
 
-``load_checkpoint(path_or_hub_id, dtype=...)`` builds our modules on the meta device and loads
-the safetensors tensors with ``load_state_dict(strict=True, assign=True)``. Files are memory
-mapped copy-on-write, so an fp32 load of an fp32 file makes no second copy of the weights.
+:func:`load_dir` builds our modules on the meta device and loads the safetensors tensors with
+``load_state_dict(strict=True, assign=True)``: module paths are checkpoint keys, so a missing or
+unexpected key is a :class:`~qtts.errors.ConfigError` naming it. Files are memory mapped
+copy-on-write, so an fp32 load of an fp32 file makes no second copy of the weights. Hub ids and
+other snapshot lookups are :mod:`qtts.weights` (``load_checkpoint(path_or_hub_id)``).
 
 dtype policy: every floating tensor is loaded in the requested ``dtype``, norms and codebook
 statistics included, exactly like the official ``from_pretrained(dtype=...)``; that is what
 bf16 parity with the official model needs. Pass ``speech_tokenizer_dtype=torch.float32`` to
-keep the speech tokenizer (vocoder and codec encoder) in fp32 while the talker runs in bf16.
+keep the speech tokenizer (vocoder and speech encoder) in fp32 while the talker runs in bf16.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import mmap
 import os
-import re
 import struct
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .config import ModelConfig
-from .errors import ConfigError, InputError, require
-
-log = logging.getLogger(__name__)
+from ..config import ModelConfig
+from ..errors import ConfigError, InputError
 
 #: checkpoint roots: module prefixes of model.safetensors (talker, speaker_encoder) and of
 #: speech_tokenizer/model.safetensors (decoder, encoder); docs/design.md maps them to plan components and parts
@@ -52,7 +50,6 @@ _ST_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -102,44 +99,6 @@ def to_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
         return _DTYPES[dtype.lower()]
     raise InputError(f"unsupported dtype {dtype!r}; use float32 or bfloat16")
-
-
-def resolve_snapshot(path_or_hub_id: str, revision: str | None = None) -> str:
-    """A local snapshot directory, or a hub id ("Qwen/Qwen3-TTS-12Hz-0.6B-Base") via huggingface_hub.
-
-    Hub ids are looked up in the local Hugging Face cache first (``HF_HUB_CACHE`` / ``HF_HOME``),
-    then downloaded when online.
-    """
-    path = os.path.expanduser(str(path_or_hub_id))
-    if os.path.isdir(path):
-        return os.path.abspath(path)
-    if not _HUB_ID.match(path):
-        raise InputError(
-            f"{path}: no such snapshot directory; pass a local Qwen3-TTS snapshot directory "
-            "or a hub id like Qwen/Qwen3-TTS-12Hz-0.6B-Base"
-        )
-    hub = require("huggingface_hub", "hub", "resolving hub ids")
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    cache_dir = os.environ.get("HF_HUB_CACHE") or None
-    try:
-        return hub.snapshot_download(path, revision=revision, cache_dir=cache_dir, local_files_only=True)
-    except LocalEntryNotFoundError:
-        pass
-    how = (
-        f"download it into the cache with `hf download {path}` (the Hugging Face CLI, pip install "
-        f"'huggingface_hub>=0.34'); without network here, run `hf download {path} --local-dir DIR` "
-        "on a machine that has it, copy DIR here and pass DIR as the model"
-    )
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise InputError(f"{path}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}")
-    log.info("downloading %s from the Hugging Face hub", path)
-    try:
-        return hub.snapshot_download(path, revision=revision, cache_dir=cache_dir)
-    except RepositoryNotFoundError as exc:
-        raise InputError(f"{path}: no such repository on the Hugging Face hub (check the id)") from exc
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise InputError(f"{path}: not in the local cache and the download failed ({exc}); {how}") from exc
 
 
 def _mmap_safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -228,22 +187,19 @@ def _select(tensors: dict, drop_prefixes: list[str]) -> dict:
     return {k: v for k, v in tensors.items() if not any(k.startswith(p) for p in drop_prefixes)}
 
 
-def load_checkpoint(
-    path_or_hub_id: str,
-    dtype=torch.float32,
-    components=CHECKPOINT_ROOTS,
-    device=None,
-    speech_tokenizer_dtype=None,
-) -> Checkpoint:
-    """Load a snapshot: ``config``, ``model`` (talker [+ speaker encoder]), ``speech_tokenizer`` (decoder [+ encoder])."""
+def load_dir(path: str, dtype=torch.float32, components=CHECKPOINT_ROOTS, device=None, speech_tokenizer_dtype=None,
+             config: ModelConfig | None = None) -> Checkpoint:  # fmt: skip
+    """Load the snapshot directory ``path``: ``config``, ``model`` (talker [+ speaker encoder]),
+    ``speech_tokenizer`` (decoder [+ encoder]) of the checkpoint roots in ``components``.
+    ``config``: the snapshot's config when the caller has read it already (else read here)."""
     unknown = sorted(set(components) - set(CHECKPOINT_ROOTS))
     if unknown:
         raise InputError(f"unknown checkpoint roots {unknown}; choose from {', '.join(CHECKPOINT_ROOTS)}")
     dtype = to_dtype(dtype)
     st_dtype = to_dtype(speech_tokenizer_dtype) if speech_tokenizer_dtype is not None else dtype
-    path = resolve_snapshot(path_or_hub_id)
     want_st = "decoder" in components or "encoder" in components
-    config = ModelConfig.from_dir(path, speech_tokenizer=want_st)
+    if config is None or (want_st and config.speech_tokenizer is None):
+        config = ModelConfig.from_dir(path, speech_tokenizer=want_st)
     model = (
         _load_main(path, config, components, dtype)
         if "talker" in components or "speaker_encoder" in components
@@ -257,7 +213,7 @@ def load_checkpoint(
 
 
 def _load_main(path: str, config: ModelConfig, components, dtype) -> nn.Module:
-    from .model.tts import Qwen3TTS
+    from .tts import Qwen3TTS
 
     with empty_init():
         model = Qwen3TTS(config)
@@ -270,7 +226,7 @@ def _load_main(path: str, config: ModelConfig, components, dtype) -> nn.Module:
 
 
 def _load_speech_tokenizer(path: str, config: ModelConfig, components, dtype) -> nn.Module:
-    from .model.speech_tokenizer import SpeechTokenizer
+    from .speech_tokenizer import SpeechTokenizer
 
     with empty_init():
         st = SpeechTokenizer(config.speech_tokenizer)
