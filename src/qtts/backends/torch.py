@@ -276,7 +276,7 @@ class _FullStream:
         self._codes = np.zeros((0, self.vocoder.decoder.config.num_quantizers), dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, self.vocoder.decoder.config.num_quantizers)
+        codes = np.asarray(codes, dtype=np.int64)
         done = len(self._codes) * self.samples_per_frame
         self._codes = np.concatenate([self._codes, codes])
         if not len(codes):

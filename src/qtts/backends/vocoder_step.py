@@ -145,7 +145,7 @@ class StepStream:
 
         Whoever runs the steps (this stream alone, or a batcher stacking several streams' steps)
         drives the same schedule and state updates, so the audio is the same."""
-        frames = np.concatenate([self._pending, np.asarray(codes, dtype=np.int64).reshape(-1, self.contract.num_quantizers)])
+        frames = np.concatenate([self._pending, np.asarray(codes, dtype=np.int64)])
         skip = len(self._pending) * self.samples_per_frame
         self._pending = frames[:0]
         outs, i = [], 0
