@@ -60,8 +60,8 @@ class Voice:
 
     def __post_init__(self):
         self.speaker = np.asarray(self.speaker, dtype=np.float32).reshape(-1)
-        if self.ref_codes is not None:  # checked here, where they come in: the vocoder trusts what reaches it
-            self.ref_codes = check_codes(self.ref_codes, "voice reference codes", allow_empty=True)
+        if self.ref_codes is not None:  # checked where a request takes the voice (text.prompt.resolve_mode)
+            self.ref_codes = np.asarray(self.ref_codes, dtype=np.int64)
         if not self.qtts_version:
             from . import __version__
 
