@@ -23,6 +23,11 @@ Fixtures (session scope; results are cached per argument set)
     ``eos_snapshot(kind="base", layout="0.6b") -> str``
         Like ``tiny_snapshot`` (real tokenizer, seed 0) but written with ``natural_eos=True``: greedy
         generation reaches EOS by itself some frames after the text is used up.
+    ``tiny_bundle(kind="custom_voice", *flags) -> str``
+        Folder of a ``qtts export onnx`` bundle of ``tiny_snapshot(kind=kind)`` with those CLI flags
+        (e.g. ``"--components", "vocoder"``), exported once per session (per xdist worker) and shared
+        by every module that asks for the same ``kind`` and flags. Treat it as read-only (copy it to
+        change it). A module whose export options no other module uses may still export its own.
     ``snapshot``  -> ``tiny_snapshot(kind="custom_voice")``: the default checkpoint of module tests
         (tests/backends/test_qnn.py overrides it with the Base one).
     ``one_thread`` (module scope)
@@ -103,6 +108,24 @@ def tiny_snapshot(tmp_path_factory):
             cache[key] = write_random_checkpoint(
                 str(out), size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok
             )
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_snapshot, tmp_path_factory):
+    from qtts.cli import main
+
+    cache: dict[tuple, str] = {}
+    root = tmp_path_factory.mktemp("tiny-bundles")
+
+    def make(kind: str = "custom_voice", *flags: str) -> str:
+        key = (kind, tuple(str(f) for f in flags))
+        if key not in cache:
+            out = str(root / f"{kind}-{len(cache)}")
+            assert main(["export", "onnx", "-m", tiny_snapshot(kind=kind), "-o", out, *key[1]]) == 0
+            cache[key] = out
         return cache[key]
 
     return make

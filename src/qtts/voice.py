@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import CODEBOOK_SIZE, FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
+from .audio.codes import check_codes
+from .config import FRAME_RATE, SAMPLE_RATE
 from .errors import InputError
 from .files import atomic_path
 
@@ -59,7 +60,7 @@ class Voice:
 
     def __post_init__(self):
         self.speaker = np.asarray(self.speaker, dtype=np.float32).reshape(-1)
-        if self.ref_codes is not None:
+        if self.ref_codes is not None:  # checked where a request takes the voice (text.prompt.resolve_mode)
             self.ref_codes = np.asarray(self.ref_codes, dtype=np.int64)
         if not self.qtts_version:
             from . import __version__
@@ -140,10 +141,8 @@ class Voice:
         if str(spk.shape[0]) != meta.get("enc_dim"):
             raise InputError(f"'{path}': speaker vector has {spk.shape[0]} dims but the file says {meta.get('enc_dim')}")
         codes = tensors.get("ref_codes")
-        if codes is not None and (codes.ndim != 2 or codes.shape[1] != NUM_CODEBOOKS or codes.min(initial=0) < 0
-                                  or codes.max(initial=0) >= CODEBOOK_SIZE):
-            raise InputError(f"'{path}': reference codes must be [frames, {NUM_CODEBOOKS}] in "
-                             f"0..{CODEBOOK_SIZE - 1}; re-create the voice")
+        if codes is not None:
+            codes = check_codes(codes, f"'{path}': reference codes (re-create the voice)", allow_empty=True)
         try:
             sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
         except ValueError as exc:

@@ -41,14 +41,9 @@ def ref_wav(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def onnx_plans(tiny_snapshot, tmp_path_factory):
-    """An ONNX vocoder bundle (``qtts export onnx``, steps of 2 and 8 frames) per checkpoint kind."""
-    plans = {}
-    for kind in ("base", "custom_voice"):
-        out = str(tmp_path_factory.mktemp("onnx") / kind)
-        assert main(["export", "onnx", "-m", tiny_snapshot(kind=kind), "-o", out, "--components", "vocoder"]) == 0
-        plans[kind] = os.path.join(out, "plan.json")
-    return plans
+def onnx_plans(tiny_bundle):
+    """An ONNX vocoder bundle (``qtts export onnx --components vocoder``) per checkpoint kind."""
+    return {kind: os.path.join(tiny_bundle(kind, "--components", "vocoder"), "plan.json") for kind in ("base", "custom_voice")}
 
 
 def _pcm(path) -> np.ndarray:

@@ -25,22 +25,9 @@ LOAD_ONLY = (
 )
 
 
-def test_say_with_onnx_plan_and_torch_blocked(tiny_snapshot, tmp_path):
+def test_say_with_onnx_plan_and_torch_blocked(tiny_snapshot, tiny_bundle, tmp_path):
     snapshot = tiny_snapshot(kind="custom_voice")
-    bundle = str(tmp_path / "bundle")
-    argv = [
-        "export",
-        "onnx",
-        "--model",
-        snapshot,
-        "-o",
-        bundle,
-        "--vocoder-first",
-        "2",
-        "--vocoder-main",
-        "4",
-    ]
-    assert qtts_main(argv) == 0
+    bundle = tiny_bundle("custom_voice", "--vocoder-first", "2", "--vocoder-main", "4")  # test_onnx_engine's fp32
     wav = str(tmp_path / "out.wav")
     cmd = [sys.executable, "-c", BLOCK_TORCH, "say", "--model", snapshot, "--plan", os.path.join(bundle, "plan.json"),
            "--speaker", "serena", "--seed", "1", "--max-frames", "12", "-q", "-o", wav, "Hello there."]  # fmt: skip

@@ -19,11 +19,13 @@ def _export(snapshot: str, out: str, *extra: str) -> dict:
         return json.load(fh)
 
 
+#: the fp32 bundle of every component with small vocoder steps (shared with test_no_torch_runtime.py)
+FP32 = ("custom_voice", "--vocoder-first", "2", "--vocoder-main", "4")
+
+
 @pytest.fixture(scope="module")
-def fp32_bundle(snapshot, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("onnx") / "fp32")
-    _export(snapshot, out, "--vocoder-first", "2", "--vocoder-main", "4")
-    return out
+def fp32_bundle(tiny_bundle):
+    return tiny_bundle(*FP32)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +93,9 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
     """The in-graph sampler of the fused ONNX predictor picks what qtts.engine.sampling picks for the same
     uniforms: the expected codes come from the torch predictor's logits, step by step, through
-    ``run_predictor_steps`` with the loop's sampler (qtts.engine.sampling), not from a backend."""
+    the loop's sampler (``PredictorSampler.frame``, qtts.engine.sampling), not from a backend."""
     import torch
 
-    from qtts.backends.base import run_predictor_steps
     from qtts.engine.sampling import PredictorSampler
     from qtts.options import SamplingParams
     from qtts.weights import load_checkpoint
@@ -122,9 +123,9 @@ def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
             do_sample=True, temperature=0.9, top_k=top_k, top_p=top_p, repetition_penalty=1.0
         ))
         u = rng.random(15)
-        want = run_predictor_steps(step_logits, 17, params, u)
+        want = params.frame(step_logits, 17, u)
         np.testing.assert_array_equal(test.predict_frame(hidden, 17, params, u), want)
-        assert not np.array_equal(want, run_predictor_steps(step_logits, 17, greedy, u))  # sampling mattered
+        assert not np.array_equal(want, greedy.frame(step_logits, 17, u))  # sampling mattered
 
 
 def test_verify_plan_fp32_gates_pass(fp32_bundle, snapshot, tmp_path):

@@ -96,3 +96,23 @@ def test_defaults_and_snippet(plan_dir):
         empty.get("speech_decoder")  # only today's names inside qtts
     snippet = json.loads(plan_snippet("vocoder", "rknn", {"main": "v.rknn"}))
     assert snippet == {"vocoder": {"impl": "rknn", "artifacts": {"main": "v.rknn"}}}
+
+
+@pytest.mark.parametrize("plan,env", [("torch", "fast"), (None, "torch")])
+def test_an_explicit_torch_plan_needs_no_plan_cache(tiny_snapshot, monkeypatch, plan, env):
+    """plan="torch" (or none with $QTTS_PLAN=torch) is the empty Plan without the plan cache; any other
+    plan still goes through it."""
+    from qtts import backends
+    from qtts.backends import cache
+    from qtts.backends import plan as plan_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the plan cache was asked")
+
+    monkeypatch.setenv("QTTS_PLAN", env)
+    monkeypatch.setattr(cache, "resolve_plan", refuse)
+    parts = backends.open(tiny_snapshot(), plan=plan, threads=1, parts=("vocoder",))
+    assert parts.plan == Plan() and plan_module.names_torch(plan)
+    assert not plan_module.names_torch("fast") and not plan_module.names_torch({"vocoder": {"impl": "torch"}})
+    with pytest.raises(AssertionError, match="plan cache was asked"):
+        backends.open(tiny_snapshot(), plan="fast", threads=1, parts=("vocoder",))

@@ -10,14 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qtts.cli import main as qtts_main
-
 
 @pytest.fixture(scope="module")
-def vocoder_bundle(tiny_snapshot, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("shared") / "bundle")
-    assert qtts_main(["export", "onnx", "-m", tiny_snapshot(), "-o", out, "--components", "vocoder"]) == 0
-    return out
+def vocoder_bundle(tiny_bundle):
+    return tiny_bundle("base", "--components", "vocoder")  # shared with tests/audio/test_codes.py
 
 
 def _codes(frames: int = 24) -> np.ndarray:

@@ -167,13 +167,14 @@ def test_bfloat16_decoders(tiny):
         TorchVocoder(bf16, main=4)
 
 
-def test_decoder_input_errors(tiny):
-    dec = TorchVocoder(tiny[0], main=4).stream()
-    with pytest.raises(InputError):
-        dec.decode(np.zeros((3, 15), dtype=np.int64))
-    with pytest.raises(InputError):
-        dec.decode(-np.ones((2, 16), dtype=np.int64))
-    assert dec.decode(np.zeros((0, 16), dtype=np.int64)).shape == (0,)
+def test_bad_codes_are_refused_where_they_come_in(tiny, real_tts):
+    """A vocoder stream decodes the engine's frames or codes checked where they came in (TTS.decode here;
+    codes files: tests/audio/test_codes.py; a voice's: tests/text/test_prompt.py), never bad ones."""
+    for bad, words in ((np.zeros((3, 15), dtype=np.int64), "got shape (3, 15)"),
+                       (-np.ones((2, 16), dtype=np.int64), "frame 0 codebook 0 is -1")):  # fmt: skip
+        with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            real_tts.decode(bad)
+    assert TorchVocoder(tiny[0], main=4).stream().decode(np.zeros((0, 16), dtype=np.int64)).shape == (0,)
 
 
 def test_plan_options_reach_the_torch_vocoder(tiny, tiny_snapshot):

@@ -16,7 +16,6 @@ import numpy as np
 from conftest import reference_configs
 from qtts.api import TTS
 from qtts.backends import Components
-from qtts.backends.base import run_predictor_steps
 from qtts.config import ModelConfig
 from qtts.voice import Voice
 
@@ -104,7 +103,7 @@ class FakeBackend:
             v = hidden + (self.codec_table[code] if j == 0 else self.cp_tables[j - 1][code])
             return self.cp_head[j] @ np.tanh(v)
 
-        return run_predictor_steps(step_logits, code0, sampler, uniforms)
+        return sampler.frame(step_logits, code0, uniforms)
 
 
 # ----------------------------------------------------------------------------- a whole fake TTS

@@ -44,7 +44,8 @@ class CodesFile(NamedTuple):
 def check_codes(array, what: str = "codes", codebook_size: int = CODEBOOK_SIZE,
                 allow_empty: bool = False, num_codebooks: int = NUM_CODEBOOKS) -> np.ndarray:  # fmt: skip
     """``array`` as int64 ``[frames, num_codebooks]`` codes in ``[0, codebook_size)``, or an InputError
-    naming the problem. The one check of codes: files, ``TTS.decode`` and every vocoder step."""
+    naming the problem. The one check of codes, where they come in: files, ``TTS.decode`` and voices
+    (a vocoder stream trusts what reaches it: these, or the engine's own frames)."""
     codes = np.asarray(array)
     if codes.ndim != 2 or codes.shape[1] != num_codebooks:
         raise InputError(f"{what}: expected codes of shape [frames, {num_codebooks}], got shape {codes.shape}")

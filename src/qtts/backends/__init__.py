@@ -18,7 +18,7 @@ from typing import Any
 from ..config import ModelConfig
 from ..errors import InputError
 from .base import Backend, OpenContext, Vocoder
-from .plan import Plan
+from .plan import Plan, load_plan, names_torch
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
 
@@ -65,8 +65,9 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
          backend: Backend | None = None, parts=None, max_batch: int = 1) -> Components:
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
-    ``plan``: None (the default preset, built and cached when missing), ``"torch"``, a preset name,
-    a path, a dict or a :class:`~qtts.backends.plan.Plan` (:func:`qtts.backends.cache.resolve_plan`);
+    ``plan``: None (``$QTTS_PLAN``, else the default preset, built and cached when missing), ``"torch"``
+    (the empty plan, no cache), a preset name, a path, a dict or a :class:`~qtts.backends.plan.Plan`
+    (:func:`qtts.backends.cache.resolve_plan`);
     ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
@@ -74,16 +75,11 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
     """
     from ..text.tokenizer import TextTokenizer
-    from .bundle import check_plan_source
-    from .cache import resolve_plan
-    from .plan import load_plan
 
     want = _wanted(parts)
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
-    plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
-    if plan.path is not None:  # a plan file: its bundle (if any) must come from this checkpoint
-        check_plan_source(plan, snapshot)
+    plan = Plan() if names_torch(plan) else _resolved(plan, snapshot, dtype, backend)
     if int(max_batch) < 1:
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
     ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
@@ -136,6 +132,18 @@ def snapshot_dir(model) -> str:
     from ..weights import resolve_snapshot
 
     return resolve_snapshot(model)
+
+
+def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
+    """Any plan but an explicit torch one: through the plan cache (None and preset names: a cached
+    bundle, built when missing) and the plan file's checks (its bundle must come from this checkpoint)."""
+    from .bundle import check_plan_source
+    from .cache import resolve_plan
+
+    plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
+    if plan.path is not None:
+        check_plan_source(plan, snapshot)
+    return plan
 
 
 def _generation(plan: Plan, ctx: OpenContext) -> Backend:

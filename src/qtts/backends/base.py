@@ -18,7 +18,7 @@ function ``open_part(spec, ctx) -> part`` (``generation`` gets the talker and pr
     steps of one frame (codebooks 1..15), sampled by the loop's ``sampler``
     (:class:`qtts.engine.sampling.PredictorSampler`: ``pick(logits, u)``, or its ``params`` for a
     graph that samples in-graph); ``uniforms`` keep a fused graph on the loop's seeded random
-    stream (see :func:`run_predictor_steps`).
+    stream; a step-by-step backend hands its step function to ``sampler.frame``).
   - :class:`BatchBackend` adds ``talker_rows``, ``predict_frames`` and ``release`` for many streams.
 * **vocoder** (:class:`Vocoder`): ``stream()`` gives a fresh stateful :class:`VocoderStream` per
   utterance: ``decode(codes [n, 16]) -> float32 [n * 1920]``, state carried across calls.
@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..config import PREDICTOR_STEPS, ModelConfig
+from ..config import ModelConfig
 
 
 @runtime_checkable
@@ -72,8 +72,9 @@ class BatchBackend(Backend, Protocol):
 class VocoderStream(Protocol):
     """One utterance's streaming vocoder: every frame is final when decoded (no flush).
 
-    ``decode`` takes frames int64 ``[n, 16]`` in ``[0, codebook_size)`` and raises InputError on
-    others (:func:`qtts.audio.codes.check_codes`, the one check of codes)."""
+    ``decode`` takes frames int64 ``[n, 16]`` in ``[0, codebook_size)``: the engine's own frames, or
+    codes checked where they came in (``TTS.decode_stream``, codes files, voices:
+    :func:`qtts.audio.codes.check_codes`, the one check of codes); it does not check them again."""
 
     samples_per_frame: int
 
@@ -100,35 +101,3 @@ class OpenContext:
     cache: dict = field(default_factory=dict)
     #: streams one engine steps together (qtts.engine.batching); an onnx plan then opens its batch graphs
     max_batch: int = 1
-
-
-def run_predictor_steps(step_logits, code0: int, sampler: Any, uniforms: np.ndarray) -> np.ndarray:
-    """Drive the 15 predictor steps of one frame from a ``step_logits(j, code)`` callable.
-
-    A backend that runs the predictor one step at a time implements ``predict_frame`` with
-    this: ``step_logits(0, code0)`` runs the 2-vector prefill (hidden, code0) and returns the
-    logits of ``lm_head[0]`` as numpy ``[2048]``; ``step_logits(j, code_j)`` for j >= 1 feeds
-    codebook ``j``'s code at position ``j + 1`` and returns the logits of ``lm_head[j]``.
-    Sampling is the loop's ``sampler.pick`` (:class:`qtts.engine.sampling.PredictorSampler`), one
-    uniform per step.
-    """
-    codes = np.zeros(PREDICTOR_STEPS, dtype=np.int64)
-    code = int(code0)
-    for j in range(PREDICTOR_STEPS):
-        code = sampler.pick(step_logits(j, code), float(uniforms[j]))
-        codes[j] = code
-    return codes
-
-
-def run_predictor_rows(step_logits, code0: np.ndarray, samplers: list, uniforms: np.ndarray) -> np.ndarray:
-    """:func:`run_predictor_steps` for ``B`` streams at once: ``step_logits(j, codes [B])`` returns
-    logits ``[B, 2048]``; each row is sampled with its own sampler and uniforms -> codes ``[B, 15]``."""
-    rows = len(code0)
-    codes = np.zeros((rows, PREDICTOR_STEPS), dtype=np.int64)
-    prev = np.asarray(code0, dtype=np.int64)
-    for j in range(PREDICTOR_STEPS):
-        logits = step_logits(j, prev)
-        for b in range(rows):
-            codes[b, j] = samplers[b].pick(logits[b], float(uniforms[b, j]))
-        prev = codes[:, j]
-    return codes

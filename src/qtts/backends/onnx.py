@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import OpenContext, run_predictor_steps
+from .base import OpenContext
 from .bundle import read_manifest
 from .tables import QuantTable, load_table
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
@@ -217,7 +217,7 @@ class OnnxBackend:
             binding.bind_outputs([f"logits_{j}"])
             return binding.run(np.ascontiguousarray(x, dtype=np.float32), pos)[0].numpy()[0]
 
-        return run_predictor_steps(step_logits, code0, sampler, uniforms)
+        return sampler.frame(step_logits, code0, uniforms)
 
 
 class OnnxSpeakerEncoder:

@@ -14,7 +14,6 @@ import numpy as np
 
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
-from .base import run_predictor_steps
 
 SLOTS = PREDICTOR_STEPS + 2  # the plain predictor step's cache: hidden, code 0, codebooks 1..15
 MASK_NEG = -1e4  # finite: fp16 hardware keeps it, softmax underflows it to 0
@@ -49,7 +48,8 @@ class PlainPredictor:
         )
 
     def frame_logits(self, hidden: np.ndarray) -> Callable[[int, int], np.ndarray]:
-        """A ``step_logits(j, code)`` callable for :func:`~qtts.backends.base.run_predictor_steps`."""
+        """A ``step_logits(j, code)`` callable for the loop's ``sampler.frame``
+        (:meth:`qtts.engine.sampling.PredictorSampler.frame`)."""
         kv = np.zeros(self.kv_shape, np.float32)
         _, kv = self.step(hidden, 0, 0, kv)  # the talker hidden state at slot 0 (its logits unused)
 
@@ -62,7 +62,7 @@ class PlainPredictor:
         return step_logits
 
     def predict_frame(self, hidden, code0: int, sampler, uniforms) -> np.ndarray:
-        return run_predictor_steps(self.frame_logits(hidden), code0, sampler, uniforms)
+        return sampler.frame(self.frame_logits(hidden), code0, uniforms)
 
     def predictor_logits(self, hidden, code0: int, sampler, uniforms):
         """(codes [15], logits [15, vocab]) of one frame, for ``qtts verify plan``."""
@@ -72,4 +72,4 @@ class PlainPredictor:
             heads.append(step(j, code))
             return heads[-1]
 
-        return run_predictor_steps(logged, code0, sampler, uniforms), np.stack(heads)
+        return sampler.frame(logged, code0, uniforms), np.stack(heads)

@@ -35,6 +35,9 @@ LEGACY_NAMES = {"code_predictor": "predictor", "speech_decoder": "vocoder"}
 IMPLS = ("torch", "onnx", "rknn", "qnn", "executorch")
 PLAN_VERSION = 1
 _ENTRY_KEYS = ("impl", "artifacts", "options", "precision")
+#: the plan name of the torch fp32 reference, and the variable that names a plan when a caller passes none
+#: (qtts.backends.cache reads both too: it resolves every other plan name)
+TORCH, ENV_PLAN = "torch", "QTTS_PLAN"
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,15 @@ def renamed(data: dict, where: str) -> dict:
             raise InputError(f"{where}: '{key}' and '{name}' name the same component; keep '{name}'")
         out[name] = value
     return out
+
+
+def names_torch(plan) -> bool:
+    """True when ``plan`` (or ``$QTTS_PLAN`` when ``plan`` is None) is ``"torch"``: the torch fp32
+    reference, the empty :class:`Plan`. :func:`qtts.backends.open` then needs no plan cache (presets,
+    bundles, builds: :mod:`qtts.backends.cache`), which resolves every other plan argument."""
+    if plan is None:
+        plan = os.environ.get(ENV_PLAN) or None
+    return isinstance(plan, str) and plan == TORCH
 
 
 def load_plan(plan: str | os.PathLike | dict | Plan | None) -> Plan:

@@ -18,9 +18,9 @@ import threading
 
 import numpy as np
 
-from ..audio.codes import check_codes
+from ..config import PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import OpenContext, run_predictor_rows, run_predictor_steps
+from .base import OpenContext
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,10 @@ def load_part(ctx: OpenContext, name: str):
     """
     key = ("torch", name)
     if key not in ctx.cache:
-        from ..weights import load_checkpoint
+        from ..model.checkpoint import load_dir
 
         dtype = torch_dtype(ctx.dtype if name in _MAIN_DTYPE else "float32")
-        ckpt = load_checkpoint(ctx.snapshot, dtype=dtype, components=(name,))
+        ckpt = load_dir(ctx.snapshot, dtype=dtype, components=(name,), config=ctx.config)
         root = ckpt.model if name in _MAIN_DTYPE else ckpt.speech_tokenizer
         ctx.cache[key] = getattr(root, name)
     return ctx.cache[key]
@@ -133,7 +133,7 @@ class TorchBackend:
             return logits
 
         with torch.inference_mode():
-            codes = run_predictor_steps(step_logits, code0, sampler, uniforms)
+            codes = sampler.frame(step_logits, code0, uniforms)
         self._local.cache = cache
         return codes
 
@@ -167,7 +167,21 @@ class TorchBackend:
             return self._out(self.predictor.head(j, out[:, -1]))
 
         with torch.inference_mode():
-            return run_predictor_rows(step_logits, code0, samplers, uniforms)
+            return _sample_rows(step_logits, code0, samplers, uniforms)
+
+
+def _sample_rows(step_logits, code0: np.ndarray, samplers: list, uniforms: np.ndarray) -> np.ndarray:
+    """``PredictorSampler.frame`` for ``B`` streams at once: ``step_logits(j, codes [B])`` returns
+    logits ``[B, 2048]``; each row is sampled with its own sampler and uniforms -> codes ``[B, 15]``."""
+    rows = len(code0)
+    codes = np.zeros((rows, PREDICTOR_STEPS), dtype=np.int64)
+    prev = np.asarray(code0, dtype=np.int64)
+    for j in range(PREDICTOR_STEPS):
+        logits = step_logits(j, prev)
+        for b in range(rows):
+            codes[b, j] = samplers[b].pick(logits[b], float(uniforms[b, j]))
+        prev = codes[:, j]
+    return codes
 
 
 # ----------------------------------------------------------------------------- vocoder
@@ -262,8 +276,7 @@ class _FullStream:
         self._codes = np.zeros((0, self.vocoder.decoder.config.num_quantizers), dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        codes = check_codes(codes, "vocoder codes", allow_empty=True,
-                            num_codebooks=self.vocoder.decoder.config.num_quantizers)  # fmt: skip
+        codes = np.asarray(codes, dtype=np.int64)
         done = len(self._codes) * self.samples_per_frame
         self._codes = np.concatenate([self._codes, codes])
         if not len(codes):

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import PREDICTOR_STEPS
+
 
 @dataclass(frozen=True)
 class TokenRules:
@@ -42,8 +44,8 @@ def talker_rules(vocab_size: int = 3072, eos_id: int = 2150, min_new_tokens: int
 class PredictorSampler:
     """How the loop samples the predictor's codes, handed to a backend's ``predict_frame(s)``.
 
-    A backend that computes the predictor step by step calls :meth:`pick` on each step's logits
-    (:func:`qtts.backends.base.run_predictor_steps`); a fused graph that samples in-graph reads
+    A backend that computes the predictor step by step hands :meth:`frame` its step function (a
+    batched one calls :meth:`pick` per row); a fused graph that samples in-graph reads
     :attr:`params` (temperature, top-k, top-p, do_sample). Either way the sampling rule is the
     loop's: a backend never imports it. No penalty, no suppression (``repetition_penalty`` is 1).
     """
@@ -52,6 +54,18 @@ class PredictorSampler:
 
     def pick(self, logits: np.ndarray, u: float) -> int:
         return sample(logits, self.params, u)
+
+    def frame(self, step_logits, code0: int, uniforms: np.ndarray) -> np.ndarray:
+        """The 15 predictor codes of one frame (codebooks 1..15) from a backend's ``step_logits(j, code)``:
+        ``step_logits(0, code0)`` runs the 2-vector prefill (hidden, code0) and returns the logits of
+        ``lm_head[0]`` as numpy ``[2048]``; ``step_logits(j, code_j)`` for j >= 1 feeds codebook ``j``'s
+        code at position ``j + 1`` and returns the logits of ``lm_head[j]``. One uniform per step."""
+        codes = np.zeros(PREDICTOR_STEPS, dtype=np.int64)
+        code = int(code0)
+        for j in range(PREDICTOR_STEPS):
+            code = self.pick(step_logits(j, code), float(uniforms[j]))
+            codes[j] = code
+        return codes
 
 
 def repetition_penalty(scores: np.ndarray, history: Iterable[int], penalty: float) -> np.ndarray:

@@ -25,7 +25,9 @@ import logging
 import os
 import re
 
-from ..errors import ConfigError, require
+import tokenizers as tk
+
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,6 @@ def _read_merges(path: str) -> list[tuple[str, str]]:
 
 def added_token(spec: dict, default_special: bool = False):
     """A ``tokenizers.AddedToken`` from one ``added_tokens_decoder`` entry of tokenizer_config.json."""
-    tk = require("tokenizers", "core", "the text tokenizer")
     return tk.AddedToken(
         spec["content"],
         single_word=spec.get("single_word", False),
@@ -96,12 +97,10 @@ def _added_tokens(path: str):
 
 
 def _split(pattern: str):
-    tk = require("tokenizers", "core", "the text tokenizer")
     return tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated", invert=False)
 
 
 def _build_bpe(path: str, pattern: str):
-    tk = require("tokenizers", "core", "the text tokenizer")
     with open(os.path.join(path, "vocab.json"), encoding="utf-8") as fh:
         vocab = json.load(fh)
     model = tk.models.BPE(
@@ -137,7 +136,6 @@ class TextTokenizer:
         """Load from a snapshot dir; ``regex`` is 'auto' (official rule), 'fixed' or 'qwen2'."""
         if regex not in ("auto", "fixed", "qwen2"):
             raise ConfigError(f"regex must be 'auto', 'fixed' or 'qwen2', got {regex!r}")
-        tk = require("tokenizers", "core", "the text tokenizer")
         chosen = official_regex(path) if regex == "auto" else regex
         pattern = FIXED_PATTERN if chosen == "fixed" else QWEN2_PATTERN
         tok_json = os.path.join(path, "tokenizer.json")
