@@ -70,6 +70,7 @@ def test_without_the_library_the_fused_step_is_the_plain_step_bit_for_bit(steps,
 
 
 def test_with_the_library_it_matches_torch_and_the_plain_graph(steps, monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "1")  # also when the suite runs with QTTS_KERNELS=0
     assert kernels.library() is not None, "the kernel library did not build (see the log)"
     with_op = _decode(steps["fused"], steps["codes"])
     monkeypatch.setenv(kernels.ENV, "0")
@@ -81,6 +82,7 @@ def test_with_the_library_it_matches_torch_and_the_plain_graph(steps, monkeypatc
 
 
 def test_no_compiler_means_one_warning_and_the_plain_output(steps, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv(kernels.ENV, "1")
     monkeypatch.setenv("QTTS_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "missing-cc"))
     monkeypatch.setattr(kernels, "_built", {})
@@ -127,6 +129,7 @@ def test_a_bundle_runs_with_and_without_the_library(tiny_snapshot, tmp_path, mon
                                                              vocoder_kernels=False))  # fmt: skip
     bundle, names = tmp_path / "bundle", ("vocoder.b4.onnx", "vocoder.b1.onnx")
     assert os.path.isfile(bundle / "vocoder.shared.json")
+    monkeypatch.setenv(kernels.ENV, "1")
     with_op = _decode(bundle, steps["codes"], names)
     monkeypatch.setenv(kernels.ENV, "0")
     without = _decode(bundle, steps["codes"], names)

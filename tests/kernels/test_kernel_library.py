@@ -27,6 +27,12 @@ def lib() -> str:
     return result.path
 
 
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch):
+    """These tests are about the library: on, also when the suite runs with QTTS_KERNELS=0."""
+    monkeypatch.setenv(kernels.ENV, "1")
+
+
 def _kernel(path: str):
     fn = ctypes.CDLL(path).qtts_snake_beta
     ptr = ctypes.POINTER(ctypes.c_float)
