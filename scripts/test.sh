@@ -28,6 +28,17 @@ if ! command -v chromium >/dev/null 2>&1; then
         "here (needs root + apt-get); install Debian's 'chromium' package first"
   fi
 fi
+# The optional compiled kernels (src/qtts/kernels, `qtts kernels build`) are tested with and
+# without the library, so CI needs a C compiler: Debian's gcc, installed here when none is found.
+need_cc=0
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1 && ! command -v clang >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    need_cc=1
+  else
+    die "no C compiler (cc, gcc or clang): the tests build the optional kernels (src/qtts/kernels);" \
+        "install Debian's 'gcc' package first"
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "scripts/test.sh: first run: creating .venv with torch 2.13.0 (CPU) and the test extras," \
        "qwen-tts 0.1.1 (parity), the RKNN converter env .venv-rknn, the ExecuTorch env .venv-et$([ $need_chromium = 1 ] && echo ', and Debian chromium via apt')" \
@@ -47,6 +58,13 @@ if [ $need_chromium = 1 ]; then
   echo "scripts/test.sh: installing Debian's chromium (apt-get, as root) for the web-page tests" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+if [ $need_cc = 1 ]; then
+  echo "scripts/test.sh: no C compiler found: installing Debian's gcc (apt-get, as root) for the optional kernels" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
+# Compile the kernels once now (~2 s; cached in ~/.cache/qtts/kernels): a compiler that cannot build
+# them fails here with its own message rather than in the middle of the suite.
+$VPY -m qtts kernels build || die "the optional kernels did not build (above); the tests need them"
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
 # gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/support/official.py).
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1

@@ -6,7 +6,12 @@
 One graph = ``--layers`` x (qkv 1024x4096, o 2048x1024, gate_up 1024x6144, down 3072x1024) + a
 1024x2048 head, chained x -> y through Add-free independent GEMVs (every GEMV reads the same x
 slice, so the graph is pure weight streaming). Variants: bits 4/8, block 32/128, accuracy_level
-0/4, fp32 MatMul. Reports ms per run (wall and CPU) and weight GB/s.
+0/4, fp32 MatMul, and onnxruntime's u8s8 integer path: ``dyn8`` / ``dyn8pc`` are
+``quantize_dynamic`` (int8 weights per tensor / per output channel, uint8 activations quantized at
+run time: DynamicQuantizeLinear + MatMulInteger, which onnxruntime fuses into
+DynamicQuantizeMatMul). Reports ms per run (wall and CPU), weight GB/s (compare with
+scripts/perf/bandwidth.py), and the SNR of every output against fp32 (random weights: the SNR
+tests the arithmetic, not a real model).
 """
 
 from __future__ import annotations
@@ -56,6 +61,28 @@ def quantized(model, bits: int, block: int, level: int):
                              accuracy_level=level, op_types_to_quantize=("MatMul",))
     q.process()
     return q.model.model
+
+
+def dynamic(model, per_channel: bool):
+    """onnxruntime.quantization.quantize_dynamic: int8 weights, uint8 dynamic activations."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "in.onnx"), os.path.join(d, "out.onnx")
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=per_channel,
+                         weight_type=QuantType.QInt8)
+        return onnx.load(dst)
+
+
+def snr(ref: list, got: list) -> float:
+    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in ref])
+    g = np.concatenate([np.asarray(a, np.float64).ravel() for a in got])
+    err = float(((r - g) ** 2).sum())
+    return float("inf") if err == 0 else 10 * np.log10(float((r**2).sum()) / err)
 
 
 def ov_callable(model, variant: str, threads: int, x):
@@ -123,6 +150,8 @@ def main() -> None:
             continue
         if v == "fp32":
             m = base
+        elif v.startswith("dyn8"):
+            m = dynamic(base, per_channel=v == "dyn8pc")
         else:
             bits, rest = int(v[1]), v[3:]
             block, level = (int(s) for s in rest.split("l"))
@@ -130,12 +159,15 @@ def main() -> None:
         sizes[v] = sum(len(i.raw_data) or 4 * int(np.prod(i.dims)) for i in m.graph.initializer if len(i.dims) >= 2)
         s = session(m, args.threads)
         variants[v] = lambda s=s: s.run(None, {"x": x})
+    ref = session(base, args.threads).run(None, {"x": x})
+    snrs = {v: snr(ref, fn()) for v, fn in variants.items() if not v.startswith("ov_")}
     res = interleaved(variants, args.rounds, inner=5)
     print(f"{args.layers} predictor layers + head = {n_params / 1e6:.1f} M params, {args.threads} threads, loadavg {loadavg()}")
     print(report(res))
     for v, r in res.items():
         print(f"  {v:<10} weight bytes {sizes[v] / 1e6:6.1f} MB -> {sizes[v] / 1e6 / np.median(r['ms']):5.1f} GB/s wall, "
-              f"{sizes[v] / 1e6 / np.median(r['cpu']):5.1f} GB/s per CPU-s; {n_params / 1e6 / np.median(r['cpu']):.1f} Gparam/CPU-s")
+              f"{sizes[v] / 1e6 / np.median(r['cpu']):5.1f} GB/s per CPU-s; {n_params / 1e6 / np.median(r['cpu']):.1f} "
+              f"Gparam/CPU-s; output SNR vs fp32 {snrs.get(v, float('nan')):.1f} dB")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """SnakeBeta on one [1, C, T] activation: the exported op chain vs the cos identity vs the custom op.
 
-    PYTHONPATH=src .venv/bin/python scripts/perf/snake_micro.py [--lib /work/perf/libqtts_snake.so]
+    PYTHONPATH=src .venv/bin/python scripts/perf/snake_micro.py [--lib LIB] [--shape 96x15360]
 
 Chain (as exported): Mul(x, a) -> Sin -> Mul(s, s) -> Mul(inv_b) -> Add(x); cos identity:
-(x + c) - c * cos(2a x); custom: qtts.perf::SnakeBeta (scripts/perf/snake_op). 1 and 2 threads.
+(x + c) - c * cos(2a x); custom: qtts.kernels::SnakeBeta (src/qtts/kernels, built by
+``qtts kernels build``; ``--lib`` another build of it). 1 and 2 threads.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def chain_model(kind: str, c: int, t: int, a, ib):
         nodes = [mk("Mul", ["x", "a2"], ["t0"]), mk("Cos", ["t0"], ["t1"]), mk("Mul", ["t1", "c"], ["t2"]),
                  mk("Add", ["x", "c"], ["t3"]), mk("Sub", ["t3", "t2"], ["y"])]
     else:
-        nodes = [mk("SnakeBeta", ["x", "a", "b"], ["y"], domain="qtts.perf")]
-    ops = [helper.make_opsetid("", 17), helper.make_opsetid("qtts.perf", 1)]
+        nodes = [mk("SnakeBeta", ["x", "a", "b"], ["y"], domain="qtts.kernels")]
+    ops = [helper.make_opsetid("", 17), helper.make_opsetid("qtts.kernels", 1)]
     return helper.make_model(helper.make_graph(nodes, kind, [x], [y], inits), opset_imports=ops)
 
 
@@ -42,10 +43,14 @@ def main() -> None:
     import onnxruntime as ort
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", default="/work/perf/libqtts_snake.so")
+    ap.add_argument("--lib", default=None, help="the kernel library (default: qtts.kernels.library())")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--shape", default="96x15360")
     args = ap.parse_args()
+    if args.lib is None:
+        from qtts import kernels
+
+        args.lib = kernels.library() or sys.exit("the kernel library did not build (see above)")
     c, t = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((1, c, t)) * 2).astype(np.float32)

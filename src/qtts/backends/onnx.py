@@ -287,6 +287,17 @@ class SharedWeights:
         return so
 
 
+def vocoder_options(path: str, threads: int | None, shared: SharedWeights | None = None):
+    """Session options of a vocoder step: the shared weights, and the compiled SnakeBeta kernel
+    when :mod:`qtts.kernels` has one (else the graph's ``qtts.kernels::SnakeBeta`` function nodes
+    are inlined to the plain ops: the same output as a plain export, bit for bit)."""
+    from .. import kernels
+
+    so = shared.options(path, threads) if shared else session_options(threads)
+    kernels.register(so)
+    return so
+
+
 class OnnxVocoder(StepVocoder):
     """onnxruntime sessions of the ``main`` and optional ``first`` vocoder step graphs (built once),
     and of optional ``stacked`` steps (several streams per call, for :meth:`run_batch`)."""
@@ -296,8 +307,7 @@ class OnnxVocoder(StepVocoder):
         paths = [main] + ([first] if first else []) + list(stacked)
         self.shared = None if session_factory else SharedWeights.find(paths)
         shared = self.shared
-        make = session_factory or (
-            lambda path: open_session(path, options=shared.options(path, threads) if shared else session_options(threads)))
+        make = session_factory or (lambda path: open_session(path, options=vocoder_options(path, threads, shared)))
         sessions = {p: make(p) for p in paths}
         contracts = {p: session_contract(s, p) for p, s in sessions.items()}
         self.contract = pair_contracts(contracts, main)

@@ -26,6 +26,7 @@ from .common import (
     number,
 )
 from .export import register as register_export
+from .kernels import register as register_kernels
 from .say import register as register_say
 from .serve import register as register_serve
 from .wyoming import register as register_wyoming
@@ -60,6 +61,7 @@ def build_parser() -> Parser:
     register_wyoming(sub)
     register_export(sub)
     register_cache(sub)
+    register_kernels(sub)
     _register_random_checkpoint(sub)
     return parser
 

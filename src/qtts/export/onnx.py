@@ -60,6 +60,9 @@ class ExportOptions:
     components: tuple = COMPONENTS
     #: reuse the vocoder of another bundle (its plan entry, paths made relative to this bundle)
     vocoder_from: str | None = None
+    #: SnakeBeta as qtts.kernels function nodes (qtts.export.snake): the compiled kernel where it
+    #: is registered, the same plain ops (inlined) everywhere else; False: the plain graph
+    vocoder_kernels: bool = True
     #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
     #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True
@@ -363,6 +366,7 @@ def borrowed_vocoder(bundle: str, out: str) -> dict:
 
 def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]:
     """The streaming vocoder steps for the first and main chunk sizes, sharing one weight file."""
+    from .snake import fuse_snake
     from .vocoder import export_vocoder_onnx, share_step_weights
 
     artifacts, meta = {}, {}
@@ -377,5 +381,8 @@ def export_vocoder(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, 
             stacked = f"vocoder.b{b}.s{int(streams)}.onnx"
             export_vocoder_onnx(snapshot, codes_length=b, out=os.path.join(out, stacked), streams=int(streams))
             artifacts[f"{key}.s{int(streams)}"] = stacked
+    for name in sorted(set(artifacts.values())) if opts.vocoder_kernels else ():
+        fused = fuse_snake(os.path.join(out, name))
+        meta.setdefault("kernels", {})[name] = {"qtts.kernels::SnakeBeta": fused}
     share_step_weights(out, sorted(set(artifacts.values())))
     return {"impl": "onnx", "artifacts": artifacts, "precision": "fp32"}, meta

@@ -1,0 +1,46 @@
+"""``qtts kernels build|status``: the optional compiled kernel library (:mod:`qtts.kernels`)."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import QttsError
+from .common import command, group
+
+
+def register(sub) -> None:
+    k = group(sub, "kernels", "build or inspect the optional compiled kernels (fused vocoder SnakeBeta)")
+    b = command(k, "build", run_build, "compile the kernels with the system C compiler now (cached in $QTTS_CACHE)")
+    b.add_argument("--force", action="store_true", help="rebuild even if a library or a failed build is cached")
+    command(k, "status", run_status, "say whether the kernels are built, where, and which code path this CPU gets")
+
+
+def run_build(args) -> int:
+    from .. import kernels
+    from ..kernels.build import build
+
+    result = build(force=args.force)
+    if result.path is None:
+        raise QttsError(f"the kernels did not build: {result.reason}; the plain vocoder graph runs instead")
+    how = f"built ({result.selftest})" if result.fresh else "already built"
+    print(f"{result.path}: {how}; code path {kernels.isa(result.path)}")
+    if not kernels.enabled():
+        print(f"note: {kernels.ENV}=0 is set, so qtts does not use them")
+    return 0
+
+
+def run_status(args) -> int:
+    from .. import kernels
+    from ..kernels.build import FAILED, build_key, compiler, kernels_root, library_name
+
+    folder = os.path.join(kernels_root(), build_key(compiler()))
+    lib, failed = os.path.join(folder, library_name()), os.path.join(folder, FAILED)
+    if os.path.isfile(lib):
+        print(f"built: {lib} (code path {kernels.isa(lib)})")
+    elif os.path.isfile(failed):
+        with open(failed, encoding="utf-8") as fh:
+            print(f"failed: {fh.read().strip()} ('qtts kernels build --force' retries)")
+    else:
+        print("not built yet: the first ONNX vocoder builds it, or run 'qtts kernels build'")
+    print(f"{kernels.ENV}={'on' if kernels.enabled() else 'off (the plain graph runs)'}")
+    return 0
