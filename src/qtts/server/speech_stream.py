@@ -183,12 +183,14 @@ class LiveSession(Utterances):
             now = time.monotonic()
             if now - self.t0 > s.ws_max_session_s:
                 raise SessionError("session_too_long", f"the session passed its limit of {s.ws_max_session_s:g} s")
-            idle = now - self.last_seen  # the last progress: text that changes the speech, or audio sent
-            if not self.done and not self.queued and idle > s.ws_idle_timeout_s:
+            # the last progress: text that changes the speech, or audio sent; not counted while an
+            # utterance waits for a slot or speaks (it ends by itself: a pause, its budget)
+            idle, counted = now - self.last_seen, not self.done and not self.queued and self.utt is None
+            if counted and idle > s.ws_idle_timeout_s:
                 raise SessionError("idle_timeout", f"no new text and no audio for {s.ws_idle_timeout_s:g} s (empty, "
                                    "blank and unknown messages do not count); send text.delta messages and end with "
                                    "text.done")
-            wait = min(s.ws_idle_timeout_s - idle if not self.done else s.ws_max_session_s, 1.0)
+            wait = min(s.ws_idle_timeout_s - idle, 1.0) if counted else 1.0
             try:
                 message = await asyncio.wait_for(self.ws.receive(), max(0.01, wait))
             except asyncio.TimeoutError:

@@ -42,6 +42,7 @@ class Utterance:
         self.later = later  # not the session's first (admitted after first requests)
         self.tail = ""  # the last TAIL characters given to the talker
         self.chars = 0  # characters given to the talker
+        self.words = False  # some of them are speakable
         self.closed = False  # the text input ended
         self.admitted = time.monotonic()
         self.audio_s = 0.0  # audio made so far
@@ -52,6 +53,7 @@ class Utterance:
             self.pieces.push(text)
             self.tail = (self.tail + text)[-TAIL:]
             self.chars += len(text)
+            self.words = self.words or speakable(text)
 
     def close(self) -> None:
         if not self.closed:
@@ -103,7 +105,7 @@ class Utterances:
                 self.wants.set()
             return
         cut = end_point(utt, text, self.state.scheduler.queue_depth > 0, utt.yield_since is not None)
-        if cut is None:
+        if cut is None or not (utt.words or speakable(text[:cut])):  # (an utterance of only "\n\n": none)
             return utt.push(text)
         utt.push(text[:cut])
         utt.close()
