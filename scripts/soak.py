@@ -160,16 +160,22 @@ class Soak:
         self.rtf: dict[str, list[float]] = {}  # per phase: good clients' request wall time / audio seconds
         self.errors: list[str] = []
         self.phase, self.deadline = "run", time.monotonic()
+        self.queued: dict[str, dict] = {}  # per phase: admissions that waited, and their mean wait
 
     def run_phase(self, name: str, seconds: float) -> None:
-        """The good clients, back to back for ``seconds`` (their figures filed under ``name``)."""
+        """The good clients, back to back for ``seconds`` (their figures filed under ``name``),
+        and the server's admission queue meanwhile (every request and live utterance)."""
         self.phase, self.deadline = name, time.monotonic() + seconds
         self.ttfa[name], self.rtf[name] = [], []
+        before = queue_wait(self.url)
         clients = [threading.Thread(target=self.client_loop) for _ in range(self.args.streams)]
         for c in clients:
             c.start()
         for c in clients:
             c.join()
+        after = queue_wait(self.url)
+        n, total = after[0] - before[0], after[1] - before[1]
+        self.queued[name] = {"queued": int(n), "queue_wait_mean_s": round(total / n, 3) if n else 0.0}
 
     def next_index(self) -> int | None:
         with self.lock:
@@ -234,6 +240,18 @@ class Soak:
                     self.one(client, i)
                 except Exception as exc:  # any client-side failure is a soak error
                     self.record("errors", f"#{i}: {type(exc).__name__}: {exc}")
+
+
+def queue_wait(url: str) -> tuple[float, float]:
+    """(count, sum) of the server's qtts_queue_wait_seconds: admissions that had to wait."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        for key in ("qtts_queue_wait_seconds_count", "qtts_queue_wait_seconds_sum"):
+            if line.startswith(key + " "):
+                values[key] = float(line.split()[-1])
+    return values.get("qtts_queue_wait_seconds_count", 0.0), values.get("qtts_queue_wait_seconds_sum", 0.0)
 
 
 def sample_rss(proc, samples: list, stop: threading.Event, t0: float, every: float) -> None:
@@ -306,6 +324,7 @@ def run(args) -> dict:
     for phase in soak.ttfa:
         prefix = "baseline_" if phase == "baseline" else ""
         report.update(_percentiles(prefix + "ttfa_s", soak.ttfa[phase]), **_percentiles(prefix + "rtf", soak.rtf[phase]))
+        report.update({prefix + k: v for k, v in soak.queued[phase].items()})
     report["bounds"] = _bounds(report, args.bound_factor)
     return report
 
@@ -344,7 +363,8 @@ def main(argv=None) -> int:
             label = f" {what}" if what else ""
             print(f"soak: good clients{label}: first audio p50 {report[prefix + 'ttfa_s_p50']} s, p95 "
                   f"{report[prefix + 'ttfa_s_p95']} s; RTF p50 {report[prefix + 'rtf_p50']}, p95 "
-                  f"{report[prefix + 'rtf_p95']}")
+                  f"{report[prefix + 'rtf_p95']}; {report[prefix + 'queued']} admissions waited, "
+                  f"{report[prefix + 'queue_wait_mean_s']} s on average")
     if report["bounds"]:
         print(f"soak: attack-phase p95 within {args.bound_factor} x the no-attack p95: {report['bounds']}")
     if "attacks" in report:

@@ -118,9 +118,11 @@ class LiveSession(Utterances):
 
     async def run(self) -> None:
         try:
+            refused = self._count_client()  # before the handshake answer: in the order clients connect
             await self.ws.accept()
             self.state.require_ready()
-            self._count_client()
+            if refused is not None:
+                raise refused
             self.receiver = asyncio.ensure_future(self._receive_loop())
             await self._race(self.started.wait())
             await self._generate()
@@ -314,15 +316,17 @@ class LiveSession(Utterances):
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code), 5)
 
-    def _count_client(self) -> None:
-        """At most ``ws_max_sessions_per_client`` sessions from one address (1013 past it)."""
+    def _count_client(self) -> SessionError | None:
+        """At most ``ws_max_sessions_per_client`` sessions from one address: count this one, or the
+        refusal (1013) to send once the socket is accepted."""
         host = self.ws.client.host if self.ws.client else "?"
         live, cap = self.state.live_clients, self.settings.ws_max_sessions_per_client
         if live.get(host, 0) >= cap:
-            raise SessionError("too_many_sessions", f"{live[host]} live sessions are open from {host}, the limit "
-                               f"per client address ({cap}); finish one first, or retry shortly", BUSY)
+            return SessionError("too_many_sessions", f"{live[host]} live sessions are open from {host}, the limit "
+                                f"per client address ({cap}); finish one first, or retry shortly", BUSY)
         live[host], self.client = live.get(host, 0) + 1, host
         self.state.metrics.live_sessions.set(sum(live.values()))
+        return None
 
     async def _cleanup(self) -> None:
         if self.utt is not None:
