@@ -15,11 +15,16 @@ probe (``scripts/soak_attackers.py``: stalled readers, idle holders, message and
 tiny deltas, many sockets, other origins, voice-directory churn, bad JSON, and with a local
 server a Wyoming service on its own engine with a stalled reader and malformed events), each
 cycling until the end; an attack whose outcome is not the documented one counts as an error.
+``--baseline S`` first runs the same clients for S seconds without attackers, then the attack
+phase for ``--duration``: both phases' first audio and RTF p50/p95 are reported, and the soak
+fails when an attack-phase p95 passes ``--bound-factor`` times its no-attack p95.
 
 Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb``; 1 otherwise.
 
     .venv/bin/python scripts/soak.py --duration 60 --streams 8
     .venv/bin/python scripts/soak.py --duration 600 --streams 4 --attackers
+    .venv/bin/python scripts/soak.py --model M --max-batch 4 --capacity 2 --streams 2 \
+        --baseline 300 --duration 600 --attackers      # at capacity, with and without attackers
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2, help="server engines/worker slots (default 2)")
     p.add_argument("--max-batch", type=int, default=1,
                    help="> 1: one batched engine serving this many streams at once instead of --workers engines")
+    p.add_argument("--capacity", type=int, help="streams served at once (qtts serve --capacity; default every slot)")
+    p.add_argument("--plan", help="execution plan of the local engines (qtts.load's plan; default its preset)")
+    p.add_argument("--threads", type=int, default=1, help="threads per local engine (default 1)")
+    p.add_argument("--baseline", type=float, default=0.0,
+                   help="seconds of the same clients without attackers before the attack phase (default 0: none)")
+    p.add_argument("--bound-factor", type=float, default=1.5,
+                   help="with --baseline: an attack-phase p95 above this times the no-attack p95 fails (default 1.5)")
     p.add_argument("--warmup", type=float, default=0.2,
                    help="fraction of the run's wall time before the RSS baseline (default 0.2)")
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
@@ -88,12 +100,13 @@ def start_local(args):
         model = write_random_checkpoint(out, size="tiny", kind="custom_voice", layout="0.6b", seed=0,
                                         tokenizer_dir=tok if os.path.isdir(tok) else None)
     if args.max_batch > 1:
-        engines = qtts.load(model, threads=1, max_batch=args.max_batch)
+        engines = qtts.load(model, plan=args.plan, threads=args.threads, max_batch=args.max_batch)
         slots = {"max_batch": args.max_batch}
     else:
-        engines = [qtts.load(model, threads=1) for _ in range(args.workers)]
+        engines = [qtts.load(model, plan=args.plan, threads=args.threads) for _ in range(args.workers)]
         slots = {"max_concurrency": args.workers}
     settings = ServerSettings(max_queue=4 * args.streams, max_frames=args.max_frames, chunk_frames=4,
+                              capacity=args.capacity,
                               access_log=False, voices_dir=tempfile.mkdtemp(prefix="qtts-soak-voices-"), **slots)
     srv = ServerThread(create_app(engines, settings)).start()
     one = engines if args.max_batch > 1 else engines[0]
@@ -143,10 +156,26 @@ class Soak:
         self.lock = threading.Lock()
         self.count = 0
         self.stats = {"ok": 0, "disconnected": 0, "rejected_as_expected": 0, "errors": 0}
-        self.ttfa: list[float] = []  # good clients' seconds to the first audio bytes
-        self.rtf: list[float] = []  # good clients' request wall time / audio seconds
+        self.ttfa: dict[str, list[float]] = {}  # per phase: good clients' seconds to the first audio bytes
+        self.rtf: dict[str, list[float]] = {}  # per phase: good clients' request wall time / audio seconds
         self.errors: list[str] = []
-        self.deadline = time.monotonic() + args.duration
+        self.phase, self.deadline = "run", time.monotonic()
+        self.queued: dict[str, dict] = {}  # per phase: admissions that waited, and their mean wait
+
+    def run_phase(self, name: str, seconds: float) -> None:
+        """The good clients, back to back for ``seconds`` (their figures filed under ``name``),
+        and the server's admission queue meanwhile (every request and live utterance)."""
+        self.phase, self.deadline = name, time.monotonic() + seconds
+        self.ttfa[name], self.rtf[name] = [], []
+        before = queue_wait(self.url)
+        clients = [threading.Thread(target=self.client_loop) for _ in range(self.args.streams)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        after = queue_wait(self.url)
+        n, total = after[0] - before[0], after[1] - before[1]
+        self.queued[name] = {"queued": int(n), "queue_wait_mean_s": round(total / n, 3) if n else 0.0}
 
     def next_index(self) -> int | None:
         with self.lock:
@@ -183,8 +212,8 @@ class Soak:
         wall = time.perf_counter() - t0
         n = self._samples(data, fmt)
         with self.lock:
-            self.ttfa.append(first or wall)
-            self.rtf.append(wall / max(n / 24000, 1e-3))
+            self.ttfa[self.phase].append(first or wall)
+            self.rtf[self.phase].append(wall / max(n / 24000, 1e-3))
         if fmt != "opus" and n % 1920:
             return self.record("errors", f"#{i}: {n} samples is not whole frames")
         if not 0 < n <= self.args.max_frames * 1920 + 2000:
@@ -213,6 +242,18 @@ class Soak:
                     self.record("errors", f"#{i}: {type(exc).__name__}: {exc}")
 
 
+def queue_wait(url: str) -> tuple[float, float]:
+    """(count, sum) of the server's qtts_queue_wait_seconds: admissions that had to wait."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        for key in ("qtts_queue_wait_seconds_count", "qtts_queue_wait_seconds_sum"):
+            if line.startswith(key + " "):
+                values[key] = float(line.split()[-1])
+    return values.get("qtts_queue_wait_seconds_count", 0.0), values.get("qtts_queue_wait_seconds_sum", 0.0)
+
+
 def sample_rss(proc, samples: list, stop: threading.Event, t0: float, every: float) -> None:
     while True:
         samples.append((round(time.monotonic() - t0, 1), proc.memory_info().rss / 2**20))
@@ -239,7 +280,9 @@ def run(args) -> dict:
     sampler = threading.Thread(target=sample_rss, args=(proc, samples, stop, t0, args.sample_every)) if proc else None
     if sampler:
         sampler.start()
-    attackers = None
+    if args.baseline > 0:
+        soak.run_phase("baseline", args.baseline)
+    attack_t0, attackers = time.monotonic() - t0, None
     if args.attackers:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from soak_attackers import run_process
@@ -248,11 +291,7 @@ def run(args) -> dict:
         host, port = urlparse(url).hostname, urlparse(url).port
         attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
                                 wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
-    clients = [threading.Thread(target=soak.client_loop) for _ in range(args.streams)]
-    for c in clients:
-        c.start()
-    for c in clients:
-        c.join()
+    soak.run_phase("attack" if args.attackers else "run", args.duration)
     wall = time.monotonic() - t0
     stop.set()
     attacks = {}
@@ -276,11 +315,28 @@ def run(args) -> dict:
     after = [rss for t, rss in samples if t >= args.warmup * wall]
     baseline = after[0] if after else (samples[0][1] if samples else None)
     growth = samples[-1][1] - baseline if samples else None
-    return {"url": url, "streams": args.streams, "duration_s": round(wall, 1), "requests": soak.count,
-            **soak.stats, "error_samples": soak.errors, "rss_mb": [(t, round(r, 1)) for t, r in samples],
-            "rss_baseline_mb": None if baseline is None else round(baseline, 1),
-            "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb,
-            **_percentiles("ttfa_s", soak.ttfa), **_percentiles("rtf", soak.rtf), **attacks}
+    in_attack = [rss for t, rss in samples if t >= attack_t0 + args.warmup * (wall - attack_t0)]
+    report = {"url": url, "streams": args.streams, "duration_s": round(wall, 1), "requests": soak.count,
+              **soak.stats, "error_samples": soak.errors, "rss_mb": [(t, round(r, 1)) for t, r in samples],
+              "rss_baseline_mb": None if baseline is None else round(baseline, 1),
+              "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb,
+              "rss_phase_growth_mb": round(in_attack[-1] - in_attack[0], 1) if in_attack else None, **attacks}
+    for phase in soak.ttfa:
+        prefix = "baseline_" if phase == "baseline" else ""
+        report.update(_percentiles(prefix + "ttfa_s", soak.ttfa[phase]), **_percentiles(prefix + "rtf", soak.rtf[phase]))
+        report.update({prefix + k: v for k, v in soak.queued[phase].items()})
+    report["bounds"] = _bounds(report, args.bound_factor)
+    return report
+
+
+def _bounds(report: dict, factor: float) -> dict:
+    """{"ttfa_s": ok, "rtf": ok}: the attack phase's p95 within ``factor`` x the baseline's."""
+    out = {}
+    for name in ("ttfa_s", "rtf"):
+        base, now = report.get(f"baseline_{name}_p95"), report.get(f"{name}_p95")
+        if base is not None and now is not None:
+            out[name] = now <= factor * base
+    return out
 
 
 def _percentiles(name: str, values: list[float]) -> dict:
@@ -302,15 +358,23 @@ def main(argv=None) -> int:
           f"rejected as expected {report['rejected_as_expected']}, errors {report['errors']}")
     for e in report["error_samples"]:
         print("  error:", e)
-    if "ttfa_s_p50" in report:
-        print(f"soak: good clients: first audio p50 {report['ttfa_s_p50']} s, p95 {report['ttfa_s_p95']} s; "
-              f"RTF p50 {report['rtf_p50']}, p95 {report['rtf_p95']}")
+    for prefix, what in (("baseline_", "without attackers"), ("", "with attackers" if args.attackers else "")):
+        if f"{prefix}ttfa_s_p50" in report:
+            label = f" {what}" if what else ""
+            print(f"soak: good clients{label}: first audio p50 {report[prefix + 'ttfa_s_p50']} s, p95 "
+                  f"{report[prefix + 'ttfa_s_p95']} s; RTF p50 {report[prefix + 'rtf_p50']}, p95 "
+                  f"{report[prefix + 'rtf_p95']}; {report[prefix + 'queued']} admissions waited, "
+                  f"{report[prefix + 'queue_wait_mean_s']} s on average")
+    if report["bounds"]:
+        print(f"soak: attack-phase p95 within {args.bound_factor} x the no-attack p95: {report['bounds']}")
     if "attacks" in report:
         print(f"soak: attacks {report['attacks']}, not the documented outcome: {report['unexpected']}")
     if report["rss_mb"]:
         print("soak: RSS MB over time:", " ".join(f"{t}s={r}" for t, r in report["rss_mb"]))
-        print(f"soak: RSS growth after warm-up {report['rss_growth_mb']} MB (bound {args.rss_bound_mb} MB)")
+        print(f"soak: RSS growth after warm-up {report['rss_growth_mb']} MB (bound {args.rss_bound_mb} MB); in the "
+              f"last phase after its warm-up {report['rss_phase_growth_mb']} MB")
     failed = report["errors"] > 0 or (report["rss_growth_mb"] or 0) > args.rss_bound_mb
+    failed = failed or not all(report["bounds"].values())
     print("soak: FAIL" if failed else "soak: PASS")
     return 1 if failed else 0
 

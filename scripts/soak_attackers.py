@@ -44,8 +44,8 @@ class Attackers:
         self.counts: dict[str, int] = {}
         self.unexpected: list[str] = []
         self.lock = threading.Lock()
-        kinds = ["ws_stall", "ws_idle", "ws_flood", "ws_pings", "ws_tiny_deltas", "ws_frames", "many_sockets",
-                 "origin", "voices", "bad_json"]
+        kinds = ["ws_stall", "ws_idle", "ws_trickle", "ws_sessions", "ws_flood", "ws_pings", "ws_tiny_deltas",
+                 "ws_frames", "many_sockets", "origin", "voices", "bad_json"]
         kinds += ["wy_stall", "wy_malformed"] if wyoming_port else []
         self.local = threading.local()
         self.threads = [threading.Thread(target=self._loop, args=(k, i), name=f"attacker-{k}", daemon=True)
@@ -153,6 +153,61 @@ class Attackers:
         finally:
             s.close()
         return self.stop.is_set()
+
+    def _read_for(self, s: socket.socket, seconds: float) -> int:
+        """Bytes read from ``s`` within ``seconds`` (or until it closes)."""
+        got, end = 0, time.monotonic() + seconds
+        s.settimeout(0.5)
+        while time.monotonic() < end and not self.stop.is_set():
+            try:
+                chunk = s.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += len(chunk)
+        return got
+
+    def _ws_trickle(self) -> bool:
+        """session.update, then one word every 0.5 s for 60 s, reading: the session is served (its
+        utterances are admitted like requests) but never holds the worker others wait for."""
+        s, _ = self._ws()
+        got, end = 0, time.monotonic() + 60
+        try:
+            s.sendall(_text(self.session))
+            while time.monotonic() < end and not self.stop.is_set():
+                s.sendall(_text({"type": "text.delta", "delta": "a "}))
+                got += self._read_for(s, 0.5)
+            s.sendall(_text({"type": "text.done"}))
+            got += self._read_for(s, 60)
+        except OSError:
+            pass
+        finally:
+            s.close()
+        return got > 0 or self.stop.is_set()
+
+    def _ws_sessions(self) -> bool:
+        """Three sessions at once from one address: one (the third, unless the last round's are still
+        closing) is closed with too_many_sessions."""
+        import select
+
+        held = [self._ws()[0] for _ in range(3)]
+        try:
+            for s in held:
+                s.sendall(_text(self.session))
+            data, end = {s: b"" for s in held}, time.monotonic() + 10
+            while time.monotonic() < end and not any(d and b"too_many_sessions" in d for d in data.values()):
+                for s in select.select([s for s in held if data[s] is not None], [], [], 0.5)[0]:
+                    chunk = s.recv(4096)
+                    data[s] = data[s] + chunk if chunk else (data[s] if b"too_many" in data[s] else None)
+            return any(d and b"too_many_sessions" in d for d in data.values())
+        except OSError:
+            return False
+        finally:
+            for s in held:
+                s.close()
 
     def _ws_flood(self) -> bool:
         s, _ = self._ws()

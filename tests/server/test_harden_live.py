@@ -98,7 +98,8 @@ def test_a_message_flood_is_closed(server):
     assert codes(events).count("unknown_type") <= 41
 
 
-@pytest.mark.parametrize("server", [{"max_connections_per_client": 4, "ws_idle_timeout_s": 60.0}], indirect=True)
+@pytest.mark.parametrize("server", [{"max_connections_per_client": 4, "ws_idle_timeout_s": 60.0,
+                                     "ws_max_sessions_per_client": 8}], indirect=True)
 def test_connections_per_client_address_are_capped(server):
     """(2) 4 sockets from 127.0.0.1 (idle WebSockets and a silent TCP connection) fill its share."""
     held = [connect(server.ws) for _ in range(3)] + [socket.create_connection((server.host, server.port))]

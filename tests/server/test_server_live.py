@@ -6,8 +6,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import json
+import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -20,6 +22,20 @@ from support.server_util import assert_healthy, metric, start_server, wait_for
 
 TEXT = "Hi there, 42 cats; ça va?"
 SESSION = {"voice": "vivian", "response_format": "pcm", "greedy": True, "max_frames": 16}
+
+
+class GatedBackend:
+    """Delegates to a real backend; each frame waits (at most 60 s) while ``gate`` is clear."""
+
+    def __init__(self, inner, gate: threading.Event):
+        self.inner, self.gate = inner, gate
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def predict_frame(self, *args):
+        self.gate.wait(60)
+        return self.inner.predict_frame(*args)
 
 
 class CountingBackend:
@@ -44,7 +60,7 @@ def live(tiny_snapshot):
         engines.append(qtts.TTS(dataclasses.replace(tts.components, backend=CountingBackend(tts.components.backend))))
     srv, app = start_server(engines, max_concurrency=2, max_queue=2, max_frames=64, header_timeout_s=1.0,
                             body_timeout_s=1.0, ws_idle_timeout_s=1.5, ws_max_message_chars=2000,
-                            ws_max_session_chars=6000)
+                            ws_max_session_chars=6000, ws_max_sessions_per_client=8)
     srv.ws = srv.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
     srv.engines = engines
     yield srv
@@ -209,8 +225,11 @@ def test_bad_input_each_handled(live, whole):
 
 def test_never_done_and_session_limits(live):
     s = {"type": "session.update", "session": SESSION}
-    r = run_session(live.ws, [s, {"type": "text.delta", "delta": "Hello there"}])  # no text.done
-    assert r.close_code == 1008 and r.error()["code"] == "idle_timeout"
+    # no text.done: "Hi" is one utterance (48 frames, under the session's cap of 64), then the
+    # session waits for more text without a worker and idles out
+    short = {"type": "session.update", "session": dict(SESSION, max_frames=None)}
+    r = run_session(live.ws, [short, {"type": "text.delta", "delta": "Hi"}])
+    assert r.close_code == 1008 and r.error()["code"] == "idle_timeout" and r.audio
     r = run_session(live.ws, [s] + [{"type": "text.delta", "delta": "y" * 2000}] * 4)
     assert r.close_code == 1008 and r.error()["code"] == "session_text_too_long"
     r = run_session(live.ws, [])  # connects and says nothing
@@ -228,22 +247,33 @@ def test_bad_sessions_leave_others_untouched(live, whole):
 
 
 def test_busy_server_closes_with_try_again_later(tiny_snapshot):
-    """One worker, no queue: a second session gets 1013; the first, waiting for text past the
-    session limit, gets session_too_long (1008) and frees the worker."""
-    engine = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
-    srv, _ = start_server(engine, max_queue=0, max_frames=64, ws_max_session_s=6.0)
+    """One worker, no queue: a session that only sent session.update holds no worker (an HTTP
+    request takes it); a session that wants to speak while the worker is busy gets 1013; the
+    waiting session speaks once the worker is free."""
+    tts = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
+    gate = threading.Event()
+    gate.set()
+    engine = qtts.TTS(dataclasses.replace(tts.components, backend=GatedBackend(tts.components.backend, gate)))
+    srv, _ = start_server(engine, max_queue=0, max_frames=64)
     url = srv.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    body = {"input": TEXT, "voice": "vivian", "response_format": "pcm", "max_frames": 8}
     try:
-        with connect(url) as holder:  # takes the only worker and waits for text there
-            holder.send(json.dumps({"type": "session.update", "session": SESSION}))
+        with connect(url) as waiting, cf.ThreadPoolExecutor(1) as ex:
+            waiting.send(json.dumps({"type": "session.update", "session": SESSION}))
+            gate.clear()  # the next generation holds the worker at its first frame
+            held = ex.submit(httpx.post, srv.url + "/v1/audio/speech", json=body, timeout=120)
             assert wait_for(lambda: metric(srv.url, "qtts_in_flight") == 1)
             r = speak(url, [TEXT])
             assert r.close_code == 1013 and r.error()["code"] == "queue_full"
-            held = run_session_reader(holder)
-        assert held.close_code == 1008 and held.error()["code"] == "session_too_long"
+            gate.set()
+            assert held.result().status_code == 200
+            for m in ({"type": "text.delta", "delta": TEXT}, {"type": "text.done"}):
+                waiting.send(json.dumps(m))
+            got = run_session_reader(waiting)
+        assert got.close_code == 1000 and got.audio
         assert wait_for(lambda: metric(srv.url, "qtts_in_flight") == 0)
-        assert speak(url, [TEXT]).close_code == 1000  # the worker is free again
     finally:
+        gate.set()
         srv.stop()
 
 

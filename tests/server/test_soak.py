@@ -47,6 +47,22 @@ def test_quick_soak_one_batched_engine(tiny_snapshot, tmp_path):
     assert (report["ok"], report["disconnected"], report["rejected_as_expected"]) == (17, 4, 3)
 
 
+def test_soak_reports_both_phases(tiny_snapshot, tmp_path):
+    """--baseline: the good clients' figures without and with the last phase, and the bound check
+    (a huge factor here: the mechanism, not a speed)."""
+    soak = _soak_module()
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--baseline", "2", "--duration", "2",
+                    "--streams", "2", "--max-frames", "4", "--workers", "1", "--capacity", "1", "--sample-every", "1",
+                    "--bound-factor", "1000", "--rss-bound-mb", "100", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["errors"] == 0, report
+    for key in ("baseline_ttfa_s_p95", "baseline_rtf_p95", "ttfa_s_p95", "rtf_p95"):
+        assert report[key] > 0, key
+    assert report["bounds"] == {"ttfa_s": True, "rtf": True}
+    assert report["rss_phase_growth_mb"] is not None
+
+
 def test_soak_refuses_remote_hosts():
     soak = _soak_module()
     for url in ("http://10.0.0.5:8000", "http://example.com", "http://0.0.0.0:8000"):

@@ -75,6 +75,12 @@ def _add_limits(p) -> None:
                    help="messages per second one socket may send, bursts of 2R (default 200)")
     w.add_argument("--ws-max-pings-per-s", type=number(float, above=0), default=5.0, metavar="R",
                    help="pings per second one socket may send, bursts of 2R (default 5)")
+    w.add_argument("--ws-max-sessions-per-client", type=number(lo=1), default=2, metavar="N",
+                   help="live sessions open at once from one client address; more are closed with 1013 "
+                   "(default 2; behind a reverse proxy every client is the proxy: raise it)")
+    w.add_argument("--ws-utterance-gap", type=number(float, above=0), default=1.0, metavar="S",
+                   help="an utterance ends (its worker slot goes back) after S seconds without new text, or, "
+                   "while others wait, when it waits for text S seconds beyond its audio (default 1)")
 
 
 
@@ -134,6 +140,7 @@ def _settings(args):
         ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars,
         ws_max_session_chars=args.ws_max_session_chars,
         ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
+        ws_max_sessions_per_client=args.ws_max_sessions_per_client, ws_utterance_gap_s=args.ws_utterance_gap,
     )
 
 

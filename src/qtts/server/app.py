@@ -62,6 +62,7 @@ class ServerState:
         self.load_error: str | None = None
         self.building: str | None = None  # "building plan 'fast', 42 % (talker)" while a bundle is built
         self._observer = None
+        self.live_clients: dict[str, int] = {}  # open live sessions per client address (event loop only)
         self.started = time.time()
         self._lock = threading.Lock()
 
@@ -144,7 +145,8 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
         sched = state.scheduler
         return {"status": "ok", "model": state.model_info(), "uptime_s": round(time.time() - state.started, 1),
                 "max_concurrency": sched.capacity, "in_flight": sched.in_flight, "queue_depth": sched.queue_depth,
-                "max_queue": sched.max_queue, **_batch_health(state.engine),
+                "max_queue": sched.max_queue, "live_sessions": sum(state.live_clients.values()),
+                **_batch_health(state.engine),
                 **capacity_gauges(state.metrics, sched, state.engine)}
 
     @app.get("/metrics", response_class=PlainTextResponse)

@@ -1,5 +1,5 @@
-"""Small parts of the live speech WebSocket: its text queue, a message rate, JSON nesting, what
-counts as progress, the session frame cap."""
+"""Small parts of the live speech WebSocket: its close codes and errors, its text queue, a message
+rate, JSON nesting, what counts as progress, the session frame cap."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import unicodedata
 
 from ..config import SAMPLES_PER_FRAME
 
+#: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
+#: internal error, try again later (busy, not ready)
+NORMAL, POLICY, TOO_BIG, INTERNAL, BUSY = 1000, 1008, 1009, 1011, 1013
+
 #: deepest JSON nesting a message may have (the protocol's own messages nest 3 levels)
 MAX_JSON_DEPTH = 16
 #: a message longer than this many characters per allowed text.delta character is refused before
@@ -16,6 +20,18 @@ MAX_JSON_DEPTH = 16
 ESCAPE_FACTOR = 12
 #: room for the other fields of a message (session.update: instruct, language, ...)
 MESSAGE_OVERHEAD = 16 * 1024
+
+
+class SessionError(Exception):
+    """An ``error`` event for the client; ``close`` set = the session ends with that close code."""
+
+    def __init__(self, code: str, message: str, close: int | None = POLICY):
+        super().__init__(message)
+        self.code, self.message, self.close = code, message, close
+
+
+class Disconnected(Exception):
+    """The client went away (or stopped reading)."""
 
 
 class TextPieces:

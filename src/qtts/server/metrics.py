@@ -136,6 +136,8 @@ class ServerMetrics:
                                    "'waiting' for a row).", ("state",))
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting for a worker.")
         self.in_flight = Gauge(p + "in_flight", "Generations running now.")
+        self.live_sessions = Gauge(p + "live_sessions", "WebSocket live speech sessions open now (a session "
+                                   "holds a worker only while an utterance speaks).")
         self.ready = Gauge(p + "ready", "1 when the model is loaded and the server accepts work.")
         self.capacity = Gauge(p + "capacity", "Streams the server holds in real time at once (configured "
                               "or measured at start-up); more wait in the queue.")
@@ -148,7 +150,7 @@ class ServerMetrics:
         lines: list[str] = []
         for m in (self.requests, self.errors, self.audio_seconds, self.frames, self.cancelled, self.rtf,
                   self.ttfa, self.queue_wait, self.connections_closed, self.batch_size, self.frame_seconds,
-                  self.batch_streams, self.queue_depth, self.in_flight, self.ready, self.capacity,
+                  self.batch_streams, self.queue_depth, self.in_flight, self.live_sessions, self.ready, self.capacity,
                   self.active_streams, self.margin):
             lines += m.render()
         return "\n".join(lines) + "\n"

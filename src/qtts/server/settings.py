@@ -84,6 +84,14 @@ class ServerSettings:
     #: WebSocket: messages per second one socket may send (a burst of twice as many is allowed);
     #: more closes the session (1008)
     ws_max_messages_per_s: float = 200.0
+    #: WebSocket: live sessions open at once from one client address; one more is closed with 1013
+    #: (``too_many_sessions``). Behind a reverse proxy every client has the proxy's address: raise it
+    ws_max_sessions_per_client: int = 2
+    #: WebSocket: an utterance's text input ends (the talker speaks what it has, the worker slot goes
+    #: back) after this many seconds without new text; while other requests wait for a slot, also
+    #: when the utterance has held its slot this much longer than the audio it made (it waits for
+    #: text). Text after that is a new utterance, admitted like any request (docs/server.md)
+    ws_utterance_gap_s: float = 1.0
     #: WebSocket: pings per second one socket may send (a burst of twice as many); more closes
     #: it (1008). Pongs are written only while the client reads (backpressure)
     ws_max_pings_per_s: float = 5.0
@@ -101,11 +109,12 @@ class ServerSettings:
         if self.max_queue < 0:
             raise InputError(f"max_queue={self.max_queue}: must be >= 0")
         for name in ("max_input_chars", "max_frames", "max_upload_bytes", "max_body_bytes", "max_connections",
-                     "max_connections_per_client", "ws_max_message_chars", "ws_max_session_chars"):
+                     "max_connections_per_client", "ws_max_message_chars", "ws_max_session_chars",
+                     "ws_max_sessions_per_client"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
         for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "keep_alive_s", "queue_timeout_s",
-                     "ws_idle_timeout_s", "ws_max_session_s"):
+                     "ws_idle_timeout_s", "ws_max_session_s", "ws_utterance_gap_s"):
             if not 0 < getattr(self, name) <= 86400:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
         from ..text.prompt import MAX_TEXT_CHARS

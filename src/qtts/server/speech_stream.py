@@ -3,10 +3,14 @@
 One answer per connection. The client sends JSON text frames: ``session.update`` (optional,
 first), any number of ``text.delta``, then ``text.done``. The server sends binary frames of audio
 in the session's format as it is generated, and JSON events: ``audio.started``, optional
-``audio.chunk`` timings, ``audio.done`` (then it closes with 1000) and ``error``. Generation runs
-on a worker slot through :meth:`qtts.TTS.stream_text`, fed from a :class:`TextPieces` queue, so
-text keeps arriving while the talker computes. Closing the socket cancels the generation within
-a frame. Schema, limits and close codes: docs/server.md.
+``audio.chunk`` timings, ``audio.done`` (then it closes with 1000) and ``error``. The text is
+spoken in *utterances* (:mod:`qtts.server.utterance`): each takes a worker slot like any request
+(queued, or refused with 1013), runs :meth:`qtts.TTS.stream_text` fed from a :class:`TextPieces`
+queue, so text keeps arriving while the talker computes, and gives the slot back when its text
+input ends (``text.done``, a pause in the text, or, while others wait, a sentence end); a session
+waiting for text between utterances holds no slot. At most ``ws_max_sessions_per_client``
+sessions per client address. Closing the socket cancels the generation within a frame.
+Schema, limits and close codes: docs/server.md.
 """
 
 from __future__ import annotations
@@ -27,16 +31,21 @@ from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_
 from .errors import ApiError, public_message, validation_message
 from .formats import open_format
 from .live_limits import (
+    BUSY,
     ESCAPE_FACTOR,
     MAX_JSON_DEPTH,
     MESSAGE_OVERHEAD,
-    TextPieces,
+    NORMAL,
+    POLICY,
+    TOO_BIG,
+    Disconnected,
+    SessionError,
     TokenBucket,
-    capped_chunk,
     speakable,
     too_deep,
 )
-from .speech import Format, VoiceRef, _engine_error, _record, _resolve_voice, _with_cancel
+from .speech import Format, VoiceRef, _resolve_voice
+from .utterance import Utterance, Utterances
 from .worker import Job
 
 log = logging.getLogger(__name__)
@@ -44,10 +53,6 @@ access_log = logging.getLogger("qtts.server.access")
 router = APIRouter()
 
 ROUTE = "/v1/audio/speech/stream"
-#: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
-#: internal error, try again later (busy, not ready)
-NORMAL, POLICY, TOO_BIG, INTERNAL, BUSY = 1000, 1008, 1009, 1011, 1013
-
 
 class SessionConfig(BaseModel):
     """``session.update`` fields (all optional; None = the model or server default)."""
@@ -75,18 +80,6 @@ class SessionConfig(BaseModel):
     chunk_events: bool | None = Field(None, description="Send an audio.chunk event after each audio frame.")
 
 
-class SessionError(Exception):
-    """An ``error`` event for the client; ``close`` set = the session ends with that close code."""
-
-    def __init__(self, code: str, message: str, close: int | None = POLICY):
-        super().__init__(message)
-        self.code, self.message, self.close = code, message, close
-
-
-class Disconnected(Exception):
-    """The client went away (or stopped reading)."""
-
-
 def _options(cfg: SessionConfig, settings):
     from ..options import SamplingParams, SynthesisOptions
 
@@ -99,57 +92,23 @@ def _options(cfg: SessionConfig, settings):
                             speed=1.0 if cfg.speed is None else cfg.speed, **extra)
 
 
-def _produce(session: LiveSession, voice, speaker, options):
-    """Worker-thread body: engine chunks -> (audio bytes, chunk info); stats in ``session.stats``."""
-    cfg, pieces, stats, metrics = session.cfg, session.pieces, session.stats, session.state.metrics
-    cap = cfg.max_frames or session.settings.max_frames  # frames of the whole session
-
-    def run(engine, cancel):
-        writer = open_format(session.fmt)
-        pending, t0 = writer.start(), time.perf_counter()
-        stream = engine.stream_text(pieces, voice=voice, speaker=speaker, language=cfg.language,
-                                    instruct=cfg.instruct or cfg.instructions or None,
-                                    options=_with_cancel(options, cancel))
-        try:
-            for chunk in stream:
-                if cancel.is_set():
-                    break
-                samples, n = capped_chunk(chunk, stats.get("frames", 0), cap)
-                capped = stats.get("frames", 0) + n >= cap and not chunk.is_final
-                metrics.frames.inc(n)
-                stats["frames"] = stats.get("frames", 0) + n
-                stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
-                if chunk.is_final or capped:
-                    stats.update(finish_reason="length" if capped else chunk.finish_reason,
-                                 contexts=chunk.info.get("pieces"), text_wait_s=chunk.info.get("text_wait_s"))
-                data, pending = pending + writer.write(samples), b""
-                yield data, {"frame_start": chunk.frame_start, "frames": n}
-                if capped:
-                    break
-            if not cancel.is_set():
-                stats["completed"] = True
-                yield pending + writer.finish(), None
-        finally:
-            stream.close()
-            pieces.close()
-            stats["gen_s"] = time.perf_counter() - t0
-            stats["cancelled"] = cancel.is_set() and not stats.get("completed")
-            _record(stats, metrics)
-
-    return run
-
-
-class LiveSession:
-    """One WebSocket session (module docstring)."""
+class LiveSession(Utterances):
+    """One WebSocket session (module docstring); its utterances: :class:`Utterances`."""
 
     def __init__(self, ws: WebSocket, state):
         self.ws, self.state, self.settings = ws, state, state.settings
         self.cfg = SessionConfig()
-        self.pieces = TextPieces()
+        self.pending: list[str] = []  # text for the next utterance
+        self.wants = asyncio.Event()  # there is speakable pending text, or text.done came
+        self.utt: Utterance | None = None  # the utterance speaking now
+        self.spoke = self.queued = False  # audio was sent; an utterance waits for a slot
+        self.utterances = 0  # admitted so far
+        self.writer, self.header = None, b""
         self.stats: dict = {}
         self.fmt = self.settings.default_response_format
         self.chars, self.done, self.started = 0, False, asyncio.Event()
-        self.t0 = self.last_seen = time.monotonic()
+        self.t0 = self.last_seen = self.last_text_at = time.monotonic()
+        self.client: str | None = None  # the address counted in state.live_clients
         self.first_text_at: float | None = None
         self.receiver: asyncio.Task | None = None
         self.job: Job | None = None
@@ -159,8 +118,11 @@ class LiveSession:
 
     async def run(self) -> None:
         try:
+            refused = self._count_client()  # before the handshake answer: in the order clients connect
             await self.ws.accept()
             self.state.require_ready()
+            if refused is not None:
+                raise refused
             self.receiver = asyncio.ensure_future(self._receive_loop())
             await self._race(self.started.wait())
             await self._generate()
@@ -173,8 +135,28 @@ class LiveSession:
         finally:
             await self._cleanup()
 
-    # -- generation --------------------------------------------------------------------------
+    # -- generation: a series of utterances (qtts.server.utterance) ---------------------------
     async def _generate(self) -> None:
+        voice, speaker, options = await self._conditioning()
+        self.writer = open_format(self.fmt)
+        self.header = self.writer.start()
+        while not self.stats.get("capped"):
+            if not self.done:
+                await self._race(self.wants.wait())
+            if not speakable("".join(self.pending)):
+                break  # text.done with nothing (more) to say
+            await self._utterance(voice, speaker, options)
+        if not self.utterances:
+            raise SessionError("invalid_value", "the text is empty (nothing to speak after removing whitespace and "
+                               "control characters); send text.delta messages with words, then text.done")
+        tail = self.header + await asyncio.to_thread(self.writer.finish)
+        if tail:
+            await self._send(self.ws.send_bytes(tail))
+        await self._event({"type": "audio.done", "finish_reason": self.stats.get("finish_reason"),
+                           "stats": self._public_stats()})
+        await self._close(NORMAL)
+
+    async def _conditioning(self):
         name = self.cfg.speaker or self.cfg.voice
         if self.cfg.speaker and self.cfg.voice:
             raise SessionError("conflicting_fields", "send either 'voice' or 'speaker', not both")
@@ -185,43 +167,13 @@ class LiveSession:
         except (ApiError, InputError) as exc:
             code = getattr(exc, "code", "invalid_value")
             raise SessionError(code, public_message(str(exc), self.state.store.directory)) from None
-        try:
-            slot = await self._race(self.state.scheduler.acquire())
-        except ApiError as exc:
-            raise SessionError(exc.code, exc.message, BUSY) from None
-        self.job = Job(self.state.scheduler, slot, _produce(self, voice, speaker, options))
-        self.job.start()
-        await self._forward()
-
-    async def _forward(self) -> None:
-        first = True
-        while True:
-            kind, value = await self._race(self.job.next())
-            if kind == "error":
-                exc = _engine_error(value)
-                close = POLICY if exc.status < 500 else INTERNAL
-                raise SessionError(exc.code, public_message(exc.message, self.state.store.directory), close)
-            if kind == "end":
-                await self._event({"type": "audio.done", "finish_reason": self.stats.get("finish_reason"),
-                                   "stats": self._public_stats()})
-                await self._close(NORMAL)
-                return
-            data, info = value
-            if first and data:
-                first = False
-                if self.first_text_at is not None:
-                    self.stats["ttfa_s"] = time.monotonic() - self.first_text_at
-                await self._event({"type": "audio.started", "response_format": self.fmt, "sample_rate": 24000})
-            if data:
-                await self._send(self.ws.send_bytes(data))
-                self.last_seen = time.monotonic()
-            if info is not None and self.cfg.chunk_events:
-                await self._event({"type": "audio.chunk", **info, "wall_s": round(time.monotonic() - self.t0, 4)})
+        return voice, speaker, options
 
     def _public_stats(self) -> dict:
         s = self.stats
         out = {"frames": s.get("frames", 0), "audio_s": round(s.get("audio_s", 0.0), 3), "text_chars": self.chars,
-               "contexts": s.get("contexts"), "ttfa_s": s.get("ttfa_s"), "gen_s": s.get("gen_s"),
+               "contexts": s.get("contexts"), "utterances": self.utterances, "ttfa_s": s.get("ttfa_s"),
+               "gen_s": s.get("gen_s"),
                "text_wait_s": s.get("text_wait_s")}
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -233,12 +185,14 @@ class LiveSession:
             now = time.monotonic()
             if now - self.t0 > s.ws_max_session_s:
                 raise SessionError("session_too_long", f"the session passed its limit of {s.ws_max_session_s:g} s")
-            idle = now - self.last_seen  # the last progress: text that changes the speech, or audio sent
-            if not self.done and idle > s.ws_idle_timeout_s:
+            # the last progress: text that changes the speech, or audio sent; not counted while an
+            # utterance waits for a slot or speaks (it ends by itself: a pause, its budget)
+            idle, counted = now - self.last_seen, not self.done and not self.queued and self.utt is None
+            if counted and idle > s.ws_idle_timeout_s:
                 raise SessionError("idle_timeout", f"no new text and no audio for {s.ws_idle_timeout_s:g} s (empty, "
                                    "blank and unknown messages do not count); send text.delta messages and end with "
                                    "text.done")
-            wait = min(s.ws_idle_timeout_s - idle if not self.done else s.ws_max_session_s, 1.0)
+            wait = min(s.ws_idle_timeout_s - idle, 1.0) if counted else 1.0
             try:
                 message = await asyncio.wait_for(self.ws.receive(), max(0.01, wait))
             except asyncio.TimeoutError:
@@ -278,7 +232,9 @@ class LiveSession:
             return self._delta(msg)
         if kind == "text.done":
             self.done = True
-            self.pieces.close()
+            if self.utt is not None:
+                self.utt.close()
+            self.wants.set()
             self.started.set()
             return None
         if kind == "session.update":
@@ -302,9 +258,10 @@ class LiveSession:
                                "characters; start a new session for more")
         if delta:
             self.first_text_at = self.first_text_at or time.monotonic()
-            self.pieces.push(delta)
             if speakable(delta):
                 self._progress()
+                self.last_text_at = self.last_seen
+            self._give(delta)
         self.started.set()
 
     async def _update(self, msg: dict) -> None:
@@ -319,7 +276,7 @@ class LiveSession:
             raise SessionError("invalid_session", validation_message(errors)[0]) from None
         self.fmt = self.cfg.response_format or self.settings.default_response_format
         self._progress()
-        self.started.set()  # the voice is known: take a worker and wait for text there
+        self.started.set()  # the voice is known (checked now); a worker is taken only for text
 
     def _progress(self) -> None:
         """Something that changes the answer happened: the idle timer starts again."""
@@ -359,8 +316,27 @@ class LiveSession:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code), 5)
 
+    def _count_client(self) -> SessionError | None:
+        """At most ``ws_max_sessions_per_client`` sessions from one address: count this one, or the
+        refusal (1013) to send once the socket is accepted."""
+        host = self.ws.client.host if self.ws.client else "?"
+        live, cap = self.state.live_clients, self.settings.ws_max_sessions_per_client
+        if live.get(host, 0) >= cap:
+            return SessionError("too_many_sessions", f"{live[host]} live sessions are open from {host}, the limit "
+                                f"per client address ({cap}); finish one first, or retry shortly", BUSY)
+        live[host], self.client = live.get(host, 0) + 1, host
+        self.state.metrics.live_sessions.set(sum(live.values()))
+        return None
+
     async def _cleanup(self) -> None:
-        self.pieces.close()
+        if self.utt is not None:
+            self.utt.close()
+        if self.client is not None:
+            live = self.state.live_clients
+            live[self.client] -= 1
+            if not live[self.client]:
+                del live[self.client]
+            self.state.metrics.live_sessions.set(sum(live.values()))
         if self.receiver is not None:
             self.receiver.cancel()
             with contextlib.suppress(BaseException):

@@ -2,9 +2,11 @@
 
 * :class:`Scheduler` hands out *slots*. A slot is one engine handle; a job holds it while its
   worker thread runs, so at most ``max_concurrency`` generations run at once. When every slot is
-  busy, up to ``max_queue`` requests wait (FIFO); one more gets 429 with ``Retry-After``.
-  All scheduler state lives on the event-loop thread; workers give slots back through
-  ``loop.call_soon_threadsafe``.
+  busy, up to ``max_queue`` requests wait; one more gets 429 with ``Retry-After``. Waiters are
+  served first come, first served, except that a *later* waiter (a live session's next
+  utterance: its listener already has audio) goes after every *first* waiter (a new request, a
+  session's first utterance) until it has waited ``PROMOTE_S``. All scheduler state lives on the
+  event-loop thread; workers give slots back through ``loop.call_soon_threadsafe``.
 * :class:`Job` runs a blocking producer (the engine's ``stream()`` plus the format writer) on a worker
   thread and passes its byte chunks to the event loop through an ``asyncio.Queue``. ``cancel()``
   sets a flag the worker checks between chunks; it then closes the producer, which closes the
@@ -23,20 +25,32 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from .errors import ApiError
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
+#: a later waiter (a live session's next utterance) that waited this long is served like a first one
+PROMOTE_S = 5.0
+
+
+@dataclass(eq=False)
+class _Waiter:
+    fut: asyncio.Future
+    later: bool
+    since: float = field(default_factory=time.monotonic)
+
 
 class Scheduler:
-    """Slots (engine handles) + a bounded FIFO of waiters. Use only from the event-loop thread."""
+    """Slots (engine handles) + a bounded queue of waiters (module docstring). Use only from the
+    event-loop thread."""
 
     def __init__(self, slots: list, max_queue: int, queue_timeout_s: float, metrics: ServerMetrics):
         self.capacity = len(slots)
         self._free = list(slots)
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[_Waiter] = deque()
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.metrics = metrics
@@ -49,7 +63,7 @@ class Scheduler:
 
     @property
     def queue_depth(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(1 for w in self._waiters if not w.fut.done())
 
     def retry_after(self) -> int:
         """Seconds until a queue place is likely free (at least 1)."""
@@ -63,8 +77,9 @@ class Scheduler:
         self.metrics.queue_depth.set(self.queue_depth)
         self.metrics.in_flight.set(self.in_flight)
 
-    async def acquire(self):
-        """A free slot; waits in the queue, or raises ApiError 429 (queue full) / 503 (timeout)."""
+    async def acquire(self, later: bool = False):
+        """A free slot; waits in the queue, or raises ApiError 429 (queue full) / 503 (timeout).
+        ``later``: a live session's next utterance (served after first waiters, module docstring)."""
         if self._free and self.queue_depth == 0:
             slot = self._free.pop()
             self._gauges()
@@ -78,7 +93,8 @@ class Scheduler:
                 headers={"Retry-After": str(self.retry_after())},
             )
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        waiter = _Waiter(fut, later)
+        self._waiters.append(waiter)
         self._gauges()
         t0 = time.perf_counter()
         try:
@@ -91,18 +107,18 @@ class Scheduler:
                 self.release(fut.result())
             raise
         finally:
-            if fut in self._waiters and fut.done():
-                self._waiters.remove(fut)
+            if waiter in self._waiters and fut.done():
+                self._waiters.remove(waiter)
             self._gauges()
         self.metrics.queue_wait.observe(time.perf_counter() - t0)
         return slot
 
-    async def acquire_unless(self, gone: Callable[[], Awaitable[bool]], poll_s: float = 0.25):
+    async def acquire_unless(self, gone: Callable[[], Awaitable[bool]], poll_s: float = 0.25, later: bool = False):
         """Like :meth:`acquire`, but a request whose client left while queued (``await gone()``)
         gives up its place: ApiError 499, and no generation is started for it."""
         if self._free and self.queue_depth == 0:
-            return await self.acquire()
-        task = asyncio.ensure_future(self.acquire())
+            return await self.acquire(later)
+        task = asyncio.ensure_future(self.acquire(later))
         handed_over = False
         try:
             while True:
@@ -127,14 +143,21 @@ class Scheduler:
         self.release(slot)
 
     def release(self, slot) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(slot)
-                self._gauges()
-                return
-        self._free.append(slot)
+        waiter = self._next_waiter()
+        if waiter is not None:
+            self._waiters.remove(waiter)
+            waiter.fut.set_result(slot)
+        else:
+            self._free.append(slot)
         self._gauges()
+
+    def _next_waiter(self) -> _Waiter | None:
+        """The oldest first waiter (or later one that waited PROMOTE_S), else the oldest later one."""
+        while self._waiters and self._waiters[0].fut.done():
+            self._waiters.popleft()
+        now = time.monotonic()
+        live = [w for w in self._waiters if not w.fut.done()]
+        return next((w for w in live if not w.later or now - w.since >= PROMOTE_S), live[0] if live else None)
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
