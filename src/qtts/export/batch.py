@@ -100,7 +100,7 @@ def export_predictor_batch(talker, path: str) -> dict:
 
 def export_batch_graphs(talker, out: str, precision: dict, quantize) -> dict:
     """Both batch graphs into ``out``, quantized like the one-stream graphs; ``precision``: component ->
-    precision, ``quantize(path, precision) -> settings``. Returns component -> {artifact, io, quantization}."""
+    precision label (in the file name), ``quantize(path, component) -> settings``. Returns component -> {artifact, io, quantization}."""
     written = {}
     for name, export in (("talker", export_talker_batch), ("predictor", export_predictor_batch)):
         if name not in precision:
@@ -110,6 +110,6 @@ def export_batch_graphs(talker, out: str, precision: dict, quantize) -> dict:
         written[name] = {
             "artifact": fname,
             "io": io,
-            "quantization": quantize(os.path.join(out, fname), precision[name]),
+            "quantization": quantize(os.path.join(out, fname), name),
         }
     return written
