@@ -85,3 +85,23 @@ def _speaker(snapshot: str) -> str:
     from qtts.config import ModelConfig
 
     return ModelConfig.from_dir(snapshot, speech_tokenizer=False).speakers[0]
+
+
+def test_ladder_script_starts_and_formats_rows():
+    import runpy
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "scripts", "ladder.py")
+    env = {**os.environ, "PYTHONPATH": os.path.join(root, "src")}
+    proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage:") and "--bench" in proc.stdout
+    mod = runpy.run_path(script)
+    assert mod["parse_recipe"]("int4 mse=--weights int4 --repair mse") == ("int4 mse", ["--weights", "int4", "--repair", "mse"])
+    row = {"name": "int4", "weights": {"per_frame": {"bits_per_weight": 4.25}}, "talker_logit_snr_db_min": 9.0,
+           "talker_logit_snr_db_median": 9.5, "predictor_logit_snr_db_min": None, "predictor_logit_snr_db_median": None,
+           "greedy_equal_rate": 0.0, "code0_top1_agreement": 0.5, "codebooks_1_15_agreement": 0.25, "bundle_mb": 12.3}  # fmt: skip
+    text = mod["table"]([row])
+    assert "| int4 | 4.25 | 9.0 / 9.5 | - / - | 0 % | 50 % | 25 % | 12 | - |" in text
+    assert "Random weights test the method, not the real model" in text
