@@ -83,6 +83,10 @@ def _export_onnx_arguments(p) -> None:
                    help="weight precision of talker and predictor (default fp32)")
     p.add_argument("--talker-weights", choices=PRECISIONS, help="override --weights for the talker")
     p.add_argument("--predictor-weights", choices=PRECISIONS, help="override --weights for the predictor")
+    p.add_argument("--mix", metavar="SEL=P,...", default="", help="per-group precisions over those, last rule wins, "
+                   "e.g. talker.first2=int8,talker.attn=int8,predictor.heads9-15=int8 (docs/plan.md)")
+    p.add_argument("--repair", metavar="M[,M]", default="", help="4-bit repairs: awq (activation-aware scales "
+                   "folded into the norms), mse (fitted block scales), awq,mse (docs/fidelity.md)")
     p.add_argument("--block-size", type=int, choices=(32, 64, 128), default=DEFAULT_BLOCK_SIZE,
                    help=f"MatMulNBits block size (default {DEFAULT_BLOCK_SIZE}: fastest; 32: most faithful)")
     p.add_argument("--tables", choices=TABLE_STORAGES, default="fp32",
@@ -115,7 +119,7 @@ def run_export_onnx(args) -> int:
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
         vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs, vocoder_streams=args.vocoder_streams,
-        tables=args.tables,
+        tables=args.tables, mix=args.mix, repair=args.repair,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)

@@ -248,6 +248,8 @@ def _register_random_checkpoint(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weight dtype (default: float32)")
     p.add_argument("--natural-eos", action="store_true",
                    help="bias the talker so greedy generation stops by itself after the text (EOS parity tests)")
+    p.add_argument("--planted", action="store_true", help="plant real-weight structure (heavy-tailed weights, "
+                   "outlier activation channels) for measuring 4-bit repairs (docs/fidelity.md)")
     p.add_argument("--force", action="store_true", help="replace OUT if it is not empty")
     hidden_alias(p, "--overwrite", dest="force", action="store_true")
 
@@ -266,11 +268,12 @@ def run_random_checkpoint(args) -> int:
     try:
         out = write_random_checkpoint(target, size=args.size, kind=args.kind, layout=args.layout, seed=args.seed,
                                       tokenizer_dir=args.tokenizer, dtype=args.dtype, natural_eos=args.natural_eos,
-                                      overwrite=args.force)
+                                      overwrite=args.force, planted=args.planted)
     except OSError as exc:  # name OUT, not the temporary folder that was removed
         raise OSError(exc.errno, exc.strerror or str(exc), target) from None
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
-    print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}) to {out}: "
+    planted = ", planted structure" if args.planted else ""
+    print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}{planted}) to {out}: "
           f"{total / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
     print("random weights: the audio follows the codes, but it is noise, not speech")
     if not args.tokenizer:

@@ -102,7 +102,7 @@ def export_predictor_batch(talker, path: str, table_dtype=None) -> dict:
 
 def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None) -> dict:
     """Both batch graphs into ``out``, quantized like the one-stream graphs; ``precision``: component ->
-    precision, ``quantize(path, precision) -> settings``. Returns component -> {artifact, io, quantization}."""
+    precision label (in the file name), ``quantize(path, component) -> settings``. Returns component -> {artifact, io, quantization}."""
     written = {}
     predictor = functools.partial(export_predictor_batch, table_dtype=table_dtype)
     for name, export in (("talker", export_talker_batch), ("predictor", predictor)):
@@ -113,6 +113,6 @@ def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype
         written[name] = {
             "artifact": fname,
             "io": io,
-            "quantization": quantize(os.path.join(out, fname), precision[name]),
+            "quantization": quantize(os.path.join(out, fname), name),
         }
     return written

@@ -181,7 +181,7 @@ def _build(snapshot: str, out: str, weights: str, max_len: int, codes_length: in
     from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
     from ..backends.plan import PLAN_VERSION
     from ..weights import load_checkpoint
-    from .onnx import write_tables
+    from .write import write_tables
 
     ckpt = load_checkpoint(snapshot, components=("talker", "decoder"))
     talker = ckpt.model.talker.float().eval()

@@ -13,23 +13,19 @@ target as it was, and a re-export never mixes files of two exports.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
 from ..backends.plan import COMPONENTS
-from ..backends.tables import STORAGES, save_table
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from ..files import temp_dir_beside
 from .quantize import DEFAULT_BLOCK_SIZE
-from .write import OPSET, export_graph
+from .write import OPSET, checkpoint_hash, export_graph, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +66,12 @@ class ExportOptions:
     #: (the 151936 x 2048 text embedding is 1.24 GB in fp32), "int8" (per-row scales) quarters
     #: them; rows are read back as fp32 (qtts.backends.tables)
     tables: str = "fp32"
+    #: per-group precision rules over talker / predictor (``--mix``, :mod:`qtts.export.recipe`), e.g.
+    #: "talker.first2=int8,predictor.heads9-15=int8"; "" = every weight at its component's precision
+    mix: str = ""
+    #: real-weight repairs of the quantized weights: "awq" (activation-aware scales folded into the
+    #: preceding norm / projection, :mod:`qtts.export.awq`), "mse" (fitted block scales), "awq,mse"
+    repair: str = ""
 
 
 # ---------------------------------------------------------------------------- per graph
@@ -146,48 +148,6 @@ def export_text_projection(talker, path: str) -> dict:
     return {"inputs": ["rows"], "outputs": ["embeds"]}
 
 
-_GATHERED = ("text_embedding", "codec_embedding", "predictor_codec_embedding")
-
-
-def write_tables(talker, out: str, storage: str = "fp32") -> dict:
-    """Embedding and RoPE tables as ``tables/*.npy`` (the gathered embeddings in ``storage``, RoPE
-    always fp32); returns name -> path relative to ``out``."""
-    if storage not in STORAGES:
-        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(STORAGES)}")
-    from .graphs import rope_tables
-
-    cfg = talker.cfg
-    cos, sin = rope_tables(min(cfg.max_position_embeddings, 32768), cfg.head_dim, cfg.rope_theta)
-    tables = {
-        "text_embedding": talker.model.text_embedding.weight.detach().float().numpy(),
-        "codec_embedding": talker.model.codec_embedding.weight.detach().float().numpy(),
-        "predictor_codec_embedding": np.stack(
-            [e.weight.detach().float().numpy() for e in talker.code_predictor.model.codec_embedding]
-        ),
-        "rope_cos": cos.numpy(),
-        "rope_sin": sin.numpy(),
-    }
-    os.makedirs(os.path.join(out, "tables"), exist_ok=True)
-    for name, arr in tables.items():
-        save_table(os.path.join(out, "tables", name + ".npy"), arr, storage if name in _GATHERED else "fp32")
-    return {name: f"tables/{name}.npy" for name in tables}
-
-
-def checkpoint_hash(model_dir: str) -> dict:
-    """sha256 of every ``*.safetensors`` file of a snapshot (relative path -> hex digest)."""
-    digests = {}
-    for root, _dirs, files in sorted(os.walk(model_dir)):
-        for fname in sorted(files):
-            if fname.endswith(".safetensors"):
-                path = os.path.join(root, fname)
-                h = hashlib.sha256()
-                with open(path, "rb") as fh:
-                    for block in iter(lambda: fh.read(1 << 22), b""):
-                        h.update(block)
-                digests[os.path.relpath(path, model_dir)] = h.hexdigest()
-    return digests
-
-
 # ---------------------------------------------------------------------------- bundle
 
 
@@ -195,12 +155,13 @@ def _graph_meta(cfg, **extra) -> dict:
     return {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, **extra}
 
 
-def _quantized(export, talker, out: str, name: str, precision: str, opts: ExportOptions):
+def _quantized(export, talker, out: str, name: str, component: str, recipe, opts: ExportOptions):
     from .quantize import quantize_file
+    from .recipe import label
 
     io = export(talker, os.path.join(out, name))
-    entry = {"impl": "onnx", "artifacts": {"main": name}, "precision": precision}
-    return entry, io, quantize_file(os.path.join(out, name), precision, opts.block_size)
+    entry = {"impl": "onnx", "artifacts": {"main": name}, "precision": label(recipe, component, talker)}
+    return entry, io, quantize_file(os.path.join(out, name), component, recipe, opts.block_size)
 
 
 def _phase(progress, name: str) -> None:
@@ -208,14 +169,18 @@ def _phase(progress, name: str) -> None:
         progress(name)
 
 
-def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> tuple[dict, dict, dict]:
+def export_generation(talker, out: str, opts: ExportOptions, progress=None, recipe=None) -> tuple[dict, dict, dict]:
     """Talker, predictor, text projection and tables -> (plan entries, graph meta, runtime files);
-    ``progress(phase)`` is told each phase (:data:`qtts.backends.build.PHASES`)."""
+    ``progress(phase)`` is told each phase (:data:`qtts.backends.build.PHASES`); ``recipe``: the weights'
+    precisions (default: the one ``opts`` asks for, :func:`qtts.export.recipe.for_talker`)."""
     cfg, pcfg = talker.cfg, talker.code_predictor.cfg
     if (pcfg.head_dim, pcfg.rope_theta) != (cfg.head_dim, cfg.rope_theta):
         raise InputError("talker and predictor RoPE differ; this exporter shares one table")
     if opts.predictor_mode not in PREDICTOR_MODES:
         raise InputError(f"unknown predictor mode '{opts.predictor_mode}'; use one of {', '.join(PREDICTOR_MODES)}")
+    from .recipe import file_label, for_talker
+
+    recipe = recipe or for_talker(talker, opts.talker, opts.predictor, opts.mix, opts.repair)
     plan, meta = {}, {}
     _phase(progress, "tables")
     files = write_tables(talker, out, opts.tables)
@@ -224,20 +189,20 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None) -> t
     files["text_projection"] = "text_projection.onnx"
     if "talker" in opts.components:
         _phase(progress, "talker")
-        name = f"talker.{opts.talker}.onnx"
-        plan["talker"], io, q = _quantized(export_talker, talker, out, name, opts.talker, opts)
+        name = f"talker.{file_label(recipe, 'talker', talker)}.onnx"
+        plan["talker"], io, q = _quantized(export_talker, talker, out, name, "talker", recipe, opts)
         meta["talker"] = _graph_meta(cfg, io=io, quantization=q)
     if "predictor" in opts.components:
         _phase(progress, "predictor")
         mode = opts.predictor_mode
         fn = functools.partial(export_predictor_frame, table_dtype=_graph_tables(opts))
         fn = fn if mode == "frame" else export_predictor_step
-        name = f"predictor.{mode}.{opts.predictor}.onnx"
-        plan["predictor"], io, q = _quantized(fn, talker, out, name, opts.predictor, opts)
+        name = f"predictor.{mode}.{file_label(recipe, 'predictor', talker)}.onnx"
+        plan["predictor"], io, q = _quantized(fn, talker, out, name, "predictor", recipe, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
     if opts.batch_graphs:
         _phase(progress, "batch graphs")
-        _batch_graphs(talker, out, opts, plan, meta)
+        _batch_graphs(talker, out, opts, plan, meta, recipe)
     return plan, meta, files
 
 
@@ -249,18 +214,21 @@ def _graph_tables(opts: ExportOptions):
     return torch.float32 if opts.tables == "fp32" else torch.float16
 
 
-def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict) -> None:
+def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict, recipe) -> None:
     """The batch graphs beside the one-stream ones (the predictor's only in frame mode)."""
     from .batch import export_batch_graphs
     from .quantize import quantize_file
+    from .recipe import file_label
 
-    precision = {"talker": opts.talker} if "talker" in plan else {}
+    precision = {"talker": file_label(recipe, "talker", talker)} if "talker" in plan else {}
     if "predictor" in plan and opts.predictor_mode == "frame":
-        precision["predictor"] = opts.predictor
+        precision["predictor"] = file_label(recipe, "predictor", talker)
     from .vocoder import share_step_weights
 
-    written = export_batch_graphs(talker, out, precision, lambda path, p: quantize_file(path, p, opts.block_size),
-                                  table_dtype=_graph_tables(opts))
+    def quantize(path: str, component: str) -> dict:
+        return quantize_file(path, component, recipe, opts.block_size)
+
+    written = export_batch_graphs(talker, out, precision, quantize, table_dtype=_graph_tables(opts))
     for name, info in written.items():
         plan[name]["artifacts"]["batch"] = info["artifact"]
         meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}
@@ -291,12 +259,19 @@ def _build(snapshot: str, out: str, final: str, opts: ExportOptions, progress=No
     """Everything ``opts`` asks for, written into ``out``; returns the plan."""
     from .. import __version__
     from ..weights import load_checkpoint
+    from .recipe import for_talker
 
-    plan, meta, files = {}, {}, {}
+    plan, meta, files, recipe, awq = {}, {}, {}, None, None
     if {"talker", "predictor"} & set(opts.components):
         _phase(progress, "checkpoint")
-        plan, meta, files = export_generation(load_checkpoint(snapshot, components=("talker",)).model.talker,
-                                              out, opts, progress)  # fmt: skip
+        talker = load_checkpoint(snapshot, components=("talker",)).model.talker
+        recipe = for_talker(talker, opts.talker, opts.predictor, opts.mix, opts.repair)
+        if "awq" in recipe.repair:
+            from .awq import apply_awq
+
+            _phase(progress, "calibration")
+            awq = apply_awq(talker, snapshot, recipe, opts.block_size)
+        plan, meta, files = export_generation(talker, out, opts, progress, recipe)
     _phase(progress, "encoders")
     enc_plan, enc_meta = _encoders(snapshot, out, opts)
     plan.update(enc_plan)
@@ -312,6 +287,8 @@ def _build(snapshot: str, out: str, final: str, opts: ExportOptions, progress=No
         "precision": {k: v.get("precision", "fp32") for k, v in plan.items()},
         "options": {"block_size": opts.block_size, "predictor_mode": opts.predictor_mode, "tables": opts.tables},
     }  # fmt: skip
+    if recipe is not None:
+        manifest["options"]["recipe"] = {**recipe.as_dict(), **({"awq": awq} if awq else {})}
     write_json(os.path.join(out, MANIFEST), manifest)
     write_json(os.path.join(out, PLAN), plan)
     return plan
@@ -324,12 +301,14 @@ def export_bundle(model_dir: str, out: str, opts: ExportOptions, overwrite: bool
     replaced as a whole, never mixed with the new files. ``progress(phase)``: told each phase.
     """
     from ..weights import resolve_snapshot
+    from .recipe import make_recipe
 
     out = os.path.abspath(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a directory; choose another -o")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise InputError(f"{out}: the bundle directory exists and is not empty; pass --force to replace it")
+    make_recipe(opts.talker, opts.predictor, opts.mix, opts.repair)  # bad syntax fails before any loading
     snapshot = resolve_snapshot(model_dir)  # after the output checks: a refusal costs no model lookup
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)

@@ -227,11 +227,36 @@ def verify_plan(
     }
     report.update(_teacher_forced(ref_be, parts.backend, prompt, lp, speaker, ref_codes))
     report["vocoder_snr_db"] = _vocoder_snr(parts, checkpoint, ref_codes)
+    report["weights"] = plan_weights(parts.plan, plan_path)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["gated"] = all(p.endswith("/fp32") for p in report["components"].values())
     report["default_gate"] = _default_gate(report)
     report["passed"] = _gates_pass(report) if report["gated"] else None
     return {k: _plain(v) for k, v in report.items()}
+
+
+def plan_weights(plan, plan_path: str | None) -> dict | None:
+    """Bits per streamed weight of the plan's ONNX talker and predictor graphs, from their actual
+    weights (:func:`qtts.export.quantize.streamed_weights`; a frame runs each graph once), and the
+    bundle's weight recipe; None for a plan without them."""
+    from ..backends.bundle import read_manifest
+    from ..errors import InputError
+    from .quantize import streamed_weights
+
+    out = {}
+    for name in ("talker", "predictor"):
+        spec = plan.get(name)
+        if spec.impl == "onnx" and spec.artifact("main"):
+            out[name] = streamed_weights(spec.artifact("main"))
+    if not out:
+        return None
+    n, b = sum(v["weights"] for v in out.values()), sum(v["bytes"] for v in out.values())
+    out["per_frame"] = {"weights": n, "bytes": b, "bits_per_weight": 8 * b / n if n else None}
+    try:
+        out["recipe"] = read_manifest(os.path.dirname(os.path.abspath(plan_path)))["options"].get("recipe")
+    except (InputError, KeyError, TypeError):
+        out["recipe"] = None
+    return out
 
 
 def _plain(value):
@@ -278,6 +303,13 @@ def report_markdown(report: dict) -> str:
          f"{_fmt(report.get('predictor_logit_snr_db_min'))} / {_fmt(report.get('predictor_logit_snr_db_median'))}"),
         ("vocoder SNR dB (stream vs torch offline)", report["vocoder_snr_db"]),
     ]  # fmt: skip
+    weights = report.get("weights") or {}
+    for name in ("talker", "predictor", "per_frame"):
+        if name in weights:
+            w = weights[name]
+            rows.append((f"{name.replace('_', ' ')} bits per streamed weight ({w['bytes'] / 1e6:.1f} MB)", w["bits_per_weight"]))
+    if weights.get("recipe"):
+        rows.append(("weight recipe", _recipe_text(weights["recipe"])))
     verdict = {True: "PASS", False: "FAIL", None: "reported (no gate for quantized plans)"}[report["passed"]]
     lines = [f"# qtts verify plan: {report['plan']}", "", f"Components: {comps}  ",
              f"Frames: {report['frames']} (greedy, reference {report['greedy_frames'][0]}, "
@@ -289,6 +321,13 @@ def report_markdown(report: dict) -> str:
     lines += [f"Default-preset gate (talker and predictor logit SNR min >= {DEFAULT_GATE_DB:g} dB, at full size): "
               f"**{gate}**", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def _recipe_text(recipe: dict) -> str:
+    out = f"talker {recipe.get('talker')}, predictor {recipe.get('predictor')}"
+    if recipe.get("mix"):
+        out += "; mix " + ",".join(recipe["mix"])
+    return out + ("; repair " + ",".join(recipe["repair"]) if recipe.get("repair") else "")
 
 
 def write_report(report: dict, path: str) -> None:

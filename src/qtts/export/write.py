@@ -3,7 +3,9 @@
 * :func:`export_graph`: a bundle graph, weights in a ``<name>.data`` file beside it;
 * :func:`export_single_file`: one self-contained file with qtts metadata, for the fixed-shape step
   graphs NPU toolchains load as a single file (the vocoder step, the plain predictor step);
-* :func:`save_model`: deterministic save (no producer version, no timestamps) to a temp name, renamed.
+* :func:`save_model`: deterministic save (no producer version, no timestamps) to a temp name, renamed;
+* :func:`write_tables`: a bundle's embedding and RoPE tables (``tables/*.npy``, stored by
+  :mod:`qtts.backends.tables`); :func:`checkpoint_hash`: the manifest's sha256 of the weights.
 
 torch's exporter warnings (tracer constants, the legacy-exporter notice) are expected here and go
 to this module's log at debug level instead of the user's terminal.
@@ -12,12 +14,16 @@ to this module's log at debug level instead of the user's terminal.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import tempfile
 import warnings
 
+import numpy as np
+
+from ..backends.tables import STORAGES, save_table
 from ..errors import InputError, require
 from ..files import publish, temp_beside
 
@@ -99,3 +105,45 @@ def export_single_file(module, args: tuple, out: str, inputs: list, outputs: lis
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+_GATHERED = ("text_embedding", "codec_embedding", "predictor_codec_embedding")
+
+
+def write_tables(talker, out: str, storage: str = "fp32") -> dict:
+    """Embedding and RoPE tables as ``tables/*.npy`` (the gathered embeddings in ``storage``, RoPE
+    always fp32); returns name -> path relative to ``out``."""
+    if storage not in STORAGES:
+        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(STORAGES)}")
+    from .graphs import rope_tables
+
+    cfg = talker.cfg
+    cos, sin = rope_tables(min(cfg.max_position_embeddings, 32768), cfg.head_dim, cfg.rope_theta)
+    tables = {
+        "text_embedding": talker.model.text_embedding.weight.detach().float().numpy(),
+        "codec_embedding": talker.model.codec_embedding.weight.detach().float().numpy(),
+        "predictor_codec_embedding": np.stack(
+            [e.weight.detach().float().numpy() for e in talker.code_predictor.model.codec_embedding]
+        ),
+        "rope_cos": cos.numpy(),
+        "rope_sin": sin.numpy(),
+    }
+    os.makedirs(os.path.join(out, "tables"), exist_ok=True)
+    for name, arr in tables.items():
+        save_table(os.path.join(out, "tables", name + ".npy"), arr, storage if name in _GATHERED else "fp32")
+    return {name: f"tables/{name}.npy" for name in tables}
+
+
+def checkpoint_hash(model_dir: str) -> dict:
+    """sha256 of every ``*.safetensors`` file of a snapshot (relative path -> hex digest)."""
+    digests = {}
+    for root, _dirs, files in sorted(os.walk(model_dir)):
+        for fname in sorted(files):
+            if fname.endswith(".safetensors"):
+                path = os.path.join(root, fname)
+                h = hashlib.sha256()
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(block)
+                digests[os.path.relpath(path, model_dir)] = h.hexdigest()
+    return digests

@@ -203,8 +203,11 @@ def write_random_checkpoint(
     dtype: str = "float32",
     overwrite: bool = False,
     natural_eos: bool = False,
+    planted: bool = False,
 ) -> str:
-    """Write a complete random snapshot to ``out`` (a new or empty directory); returns its path."""
+    """Write a complete random snapshot to ``out`` (a new or empty directory); returns its path.
+    ``planted``: heavy-tailed talker / predictor weights and outlier activation channels
+    (:mod:`qtts.tools.planted_weights`), the structure 4-bit repairs are measured on."""
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     if size not in SIZES:
@@ -219,7 +222,7 @@ def write_random_checkpoint(
     os.makedirs(parent, exist_ok=True)
     tmp = temp_dir_beside(out, ".random.part")  # the umask's folder mode, unlike mkdtemp's 0700
     try:
-        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos)
+        _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, (natural_eos, planted))
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -229,7 +232,7 @@ def write_random_checkpoint(
     return out
 
 
-def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natural_eos) -> None:
+def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, variants) -> None:
     from . import random_weights as rw
 
     real = real_config_dir(name)
@@ -254,7 +257,12 @@ def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, natura
     std = 0.05 if size == "tiny" else 0.02
     model_cfg = ModelConfig.from_dict(copy.deepcopy(cfg_dict))
     specs = rw.main_specs(model_cfg)
+    natural_eos, planted = variants
     edits = rw.eos_clock_edits(model_cfg, std) if natural_eos else None
+    if planted:
+        from .planted_weights import compose, planted_edits
+
+        edits = compose(planted_edits(model_cfg, seed), edits)
     rw.write_safetensors(os.path.join(tmp, "model.safetensors"), specs, seed, std, dtype, {}, edits)
     st_cfg = SpeechTokenizerConfig.from_file(os.path.join(st_dir, "config.json"))
     specs = rw.speech_tokenizer_specs(st_cfg)
