@@ -68,16 +68,18 @@ def test_all_zero_rows_and_missing_scales(tmp_path):
         save_table(path, np.zeros((4, 8), np.float32), "int3")
 
 
-def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
+def _export(snapshot: str, out: str, storage: str):
+    """A talker + predictor bundle with ``storage`` tables; returns its backend."""
     from qtts.backends import open as open_components
 
-    outs = {}
-    for storage in ("fp32", "int8"):
-        out = str(tmp_path / storage)
-        args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
-                "--components", "talker", "predictor"]  # fmt: skip
-        assert qtts_main(args) == 0
-        outs[storage] = open_components(snapshot, os.path.join(out, "plan.json")).backend
+    args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
+            "--components", "talker", "predictor"]  # fmt: skip
+    assert qtts_main(args) == 0
+    return open_components(snapshot, os.path.join(out, "plan.json")).backend
+
+
+def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
+    outs = {storage: _export(snapshot, str(tmp_path / storage), storage) for storage in ("fp32", "int8")}
     with open(os.path.join(tmp_path, "int8", "manifest.json"), encoding="utf-8") as fh:
         assert json.load(fh)["options"]["tables"] == "int8"
     assert os.path.exists(os.path.join(tmp_path, "int8", "tables", "text_embedding.scale.npy"))
@@ -92,20 +94,16 @@ def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
 def test_predictor_frame_graph_keeps_its_codec_tables_in_fp16_unless_tables_are_fp32(snapshot, tmp_path):
     import onnx
 
-    from qtts.backends import open as open_components
     from qtts.options import SamplingParams
 
     logits = {}
     for storage in ("fp32", "fp16"):
         out = str(tmp_path / storage)
-        args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
-                "--components", "talker", "predictor"]  # fmt: skip
-        assert qtts_main(args) == 0
+        backend = _export(snapshot, out, storage)
         graph = onnx.load(os.path.join(out, "predictor.frame.fp32.onnx"), load_external_data=False).graph
         gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
         dtypes = {i.data_type for i in graph.initializer if i.name in gathered and len(i.dims) == 2}
         assert dtypes == {onnx.TensorProto.FLOAT16 if storage == "fp16" else onnx.TensorProto.FLOAT}
-        backend = open_components(snapshot, os.path.join(out, "plan.json")).backend
         hidden = np.random.default_rng(4).standard_normal(backend.hidden_size).astype(np.float32)
         greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
         feeds = backend._fused_feeds(hidden, 17, greedy, np.zeros(15, np.float32))

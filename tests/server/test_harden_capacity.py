@@ -24,26 +24,12 @@ import qtts
 from qtts.server import worker
 from qtts.server.metrics import ServerMetrics
 from qtts.server.worker import Scheduler
-from support.server_util import assert_healthy, metric, start_server, wait_for
+from support.server_util import GatedBackend, assert_healthy, metric, start_server, wait_for
 
 SESSION = {"voice": "vivian", "response_format": "pcm", "greedy": True}
 BODY = {"input": "Hello there, how are you?", "voice": "vivian", "response_format": "pcm", "max_frames": 16}
 CONTEXT_FRAMES = 24
 DEADLINE_S = 30.0  # for one good request while a session talks (+ 5 x the request alone)
-
-
-class GatedBackend:
-    """Delegates to a real backend; each frame waits (at most 60 s) while ``gate`` is clear."""
-
-    def __init__(self, inner, gate: threading.Event):
-        self.inner, self.gate = inner, gate
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def predict_frame(self, *args):
-        self.gate.wait(60)
-        return self.inner.predict_frame(*args)
 
 
 @pytest.fixture(scope="module")

@@ -18,24 +18,10 @@ from websockets.sync.client import connect
 import qtts
 from qtts.server.worker import Job
 from support.examples import run_example
-from support.server_util import assert_healthy, metric, start_server, wait_for
+from support.server_util import GatedBackend, assert_healthy, metric, start_server, wait_for
 
 TEXT = "Hi there, 42 cats; ça va?"
 SESSION = {"voice": "vivian", "response_format": "pcm", "greedy": True, "max_frames": 16}
-
-
-class GatedBackend:
-    """Delegates to a real backend; each frame waits (at most 60 s) while ``gate`` is clear."""
-
-    def __init__(self, inner, gate: threading.Event):
-        self.inner, self.gate = inner, gate
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def predict_frame(self, *args):
-        self.gate.wait(60)
-        return self.inner.predict_frame(*args)
 
 
 class CountingBackend:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 import time
 
 import httpx
@@ -76,3 +77,17 @@ def wav_bytes(seconds: float = 1.5, sr: int = 16000, seed: int = 0) -> bytes:
 
 
 REQUEST_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+class GatedBackend:
+    """Delegates to a real backend; each frame waits (at most 60 s) while ``gate`` is clear."""
+
+    def __init__(self, inner, gate: threading.Event):
+        self.inner, self.gate = inner, gate
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def predict_frame(self, *args):
+        self.gate.wait(60)
+        return self.inner.predict_frame(*args)
