@@ -108,6 +108,19 @@ class Talker(threading.Thread):
             pass
 
 
+def events_until_closed(ws) -> list:
+    """Every JSON event the server sends until it closes the socket (60 s per message at most)."""
+    events = []
+    try:
+        while True:
+            msg = ws.recv(timeout=60)
+            if isinstance(msg, str):
+                events.append(json.loads(msg))
+    except ConnectionClosed:
+        pass
+    return events
+
+
 def good_request(url: str, timeout: float = 120.0) -> tuple[float, float, int | None]:
     """(seconds to the first audio byte, to the end, status; None: no answer within ``timeout``)
     of one streamed HTTP request."""
@@ -182,14 +195,7 @@ def test_a_session_between_utterances_holds_no_worker(server):
         assert good_request(server.url)[2] == 200
         ws.send(json.dumps({"type": "text.delta", "delta": " And one more thing."}))
         ws.send(json.dumps({"type": "text.done"}))
-        events = []
-        try:
-            while True:
-                msg = ws.recv(timeout=60)
-                if isinstance(msg, str):
-                    events.append(json.loads(msg))
-        except ConnectionClosed:
-            pass
+        events = events_until_closed(ws)
         assert ws.close_code == 1000 and events[-1]["type"] == "audio.done", events[-1:]
         assert events[-1]["stats"]["utterances"] == 2
     assert wait_for(lambda: gauges_at_zero(server))
@@ -208,14 +214,7 @@ def test_a_later_utterance_is_refused_when_the_queue_is_full(server, gate):
         held.start()
         assert wait_for(lambda: metric(server.url, "qtts_in_flight") == 1)
         ws.send(json.dumps({"type": "text.delta", "delta": " More text."}))
-        events = []
-        try:
-            while True:
-                msg = ws.recv(timeout=60)
-                if isinstance(msg, str):
-                    events.append(json.loads(msg))
-        except ConnectionClosed:
-            pass
+        events = events_until_closed(ws)
         errors = [e["error"]["code"] for e in events if e["type"] == "error"]
         assert ws.close_code == 1013 and errors == ["queue_full"], (ws.close_code, events)
     gate.set()
