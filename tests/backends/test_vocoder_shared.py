@@ -10,6 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
+from support.vocoder_fixtures import feed
+
 
 @pytest.fixture(scope="module")
 def vocoder_bundle(tiny_bundle):
@@ -21,12 +23,7 @@ def _codes(frames: int = 24) -> np.ndarray:
 
 
 def _decode(vocoder, codes, chunks=(1, 2, 4, 8)) -> np.ndarray:
-    stream, outs, i, k = vocoder.stream(), [], 0, 0
-    while i < len(codes):
-        n = chunks[min(k, len(chunks) - 1)]
-        outs.append(stream.decode(codes[i : i + n]))
-        i, k = i + n, k + 1
-    return np.concatenate(outs)
+    return feed(vocoder.stream(), codes, list(chunks))
 
 
 def test_export_writes_one_weight_file_for_both_steps(vocoder_bundle):

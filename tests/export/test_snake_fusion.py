@@ -18,7 +18,7 @@ from qtts.backends.onnx import OnnxVocoder
 from qtts.cli import main as qtts_main
 from qtts.export.snake import DOMAIN, OP, fuse_snake, fuse_snake_model
 from qtts.export.vocoder import export_vocoder_onnx
-from support.vocoder_fixtures import full_decode, load_decoder, random_codes
+from support.vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 CHUNKS = (1, 4, 4, 3, 4)
 
@@ -39,12 +39,7 @@ def steps(tiny_snapshot, tmp_path_factory, one_thread):
 
 def _decode(folder, codes, names=("voc4.onnx", "voc1.onnx")) -> np.ndarray:
     voc = OnnxVocoder(*(str(folder / n) for n in names), threads=2)
-    stream, outs, i, k = voc.stream(), [], 0, 0
-    while i < len(codes):
-        n = CHUNKS[min(k, len(CHUNKS) - 1)]
-        outs.append(stream.decode(codes[i : i + n]))
-        i, k = i + n, k + 1
-    return np.concatenate(outs)
+    return feed(voc.stream(), codes, list(CHUNKS))
 
 
 def test_every_snake_chain_becomes_one_function_node(steps):
