@@ -1,32 +1,26 @@
 """qtts: fast, streaming, verifiable Qwen3-TTS inference.
 
-Public API (imported lazily so ``import qtts`` stays light and torch-free):
-``load``, ``TTS``, ``Voice``, ``SynthesisOptions``, ``AudioChunk``, ``Audio``, ``load_checkpoint``.
+Public API: ``load``, ``TTS``, ``Voice``, ``SynthesisOptions``, ``SamplingParams``, ``AudioChunk``,
+``Audio``, ``ModelConfig`` (imported here: numpy and the engine, no torch and no runtime, which a
+plan imports when it names one), and ``load_checkpoint`` (the torch loader, imported on first use).
 """
 
 from __future__ import annotations
 
-import importlib
+from .api import TTS, load
+from .audio import Audio, AudioChunk
+from .config import ModelConfig
+from .options import SamplingParams, SynthesisOptions
+from .version import __version__
+from .voice import Voice
 
-__version__ = "0.1.0"
-
-_LAZY = {
-    "AudioChunk": ("qtts.audio", "AudioChunk"),
-    "Audio": ("qtts.audio", "Audio"),
-    "ModelConfig": ("qtts.config", "ModelConfig"),
-    "load_checkpoint": ("qtts.weights", "load_checkpoint"),
-    "load": ("qtts.api", "load"),
-    "TTS": ("qtts.api", "TTS"),
-    "Voice": ("qtts.voice", "Voice"),
-    "SynthesisOptions": ("qtts.options", "SynthesisOptions"),
-    "SamplingParams": ("qtts.options", "SamplingParams"),
-}
-
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = ["Audio", "AudioChunk", "ModelConfig", "SamplingParams", "SynthesisOptions", "TTS", "Voice",
+           "__version__", "load", "load_checkpoint"]
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+    if name == "load_checkpoint":  # torch: only for those who load a checkpoint as torch modules
+        from .weights import load_checkpoint
+
+        return load_checkpoint
     raise AttributeError(f"module 'qtts' has no attribute {name!r}")

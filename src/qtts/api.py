@@ -285,11 +285,11 @@ class TTS:
 
     def _pieces(self, text: str, options: SynthesisOptions) -> list[str]:
         text = clean_text(text)
-        if not options.split_sentences:
-            return [text]
-        from .text.sentences import split_sentences
+        if not options.split_sentences or len(text) <= options.max_sentence_chars:
+            return [text]  # one talker context, as in the official model (and what pack_sentences gives it)
+        from .text.sentences import pack_sentences
 
-        return split_sentences(text, max_chars=options.max_sentence_chars) or [text]
+        return pack_sentences(text, options.max_sentence_chars) or [text]
 
     def _loop_params(self, max_frames: int, options: SynthesisOptions, index: int, cancel=None) -> LoopParams:
         seed = None if options.seed is None else int(options.seed) + index

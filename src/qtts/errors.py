@@ -27,11 +27,15 @@ def require(module: str, extra: str, what: str = ""):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        purpose = f" for {what}" if what else ""
-        raise MissingDependencyError(
-            f"'{module}' is needed{purpose} but is not installed; "
-            f"install it with: {install_hint(extra)}"
-        ) from exc
+        raise missing(module, extra, what) from exc
+
+
+def missing(module: str, extra: str, what: str = "") -> MissingDependencyError:
+    """The error :func:`require` raises for ``module`` (for a module imported at the top of a
+    file that only an optional path imports: ``raise missing(...) from exc``)."""
+    purpose = f" for {what}" if what else ""
+    return MissingDependencyError(f"'{module}' is needed{purpose} but is not installed; "
+                                  f"install it with: {install_hint(extra)}")
 
 
 #: the extra that provides each optional top-level module (pyproject.toml)

@@ -146,7 +146,8 @@ class SynthesisOptions:
     # Two cores at once: generation on a worker thread, the vocoder on the calling thread one
     # chunk behind (qtts.engine.stream). Same chunks, bit-identical audio; False = one thread does both.
     pipeline: bool = PIPELINE_DEFAULT
-    # Split long text at sentence boundaries; each piece gets its own budget (limits drift).
+    # Split long text at sentence boundaries, whole sentences packed into pieces of at most
+    # max_sentence_chars (a text that fits is one piece); each piece gets its own budget (limits drift).
     split_sentences: bool = True
     # Pieces are at most this many characters when splitting (long prompts drift and run away).
     max_sentence_chars: int = 200

@@ -63,7 +63,7 @@ class Voice:
         if self.ref_codes is not None:  # checked where a request takes the voice (text.prompt.resolve_mode)
             self.ref_codes = np.asarray(self.ref_codes, dtype=np.int64)
         if not self.qtts_version:
-            from . import __version__
+            from .version import __version__
 
             self.qtts_version = __version__
 

@@ -95,6 +95,17 @@ def test_long_text_split_into_pieces_with_own_budgets():
     assert audio.info["finish_reasons"] == ["eos"] * audio.info["pieces"]
 
 
+def test_a_text_that_fits_one_piece_is_one_context():
+    """Sentences of a text of at most max_sentence_chars share one talker context (as the official
+    model speaks any text); a longer one is cut between whole sentences."""
+    tts, _ = make_tts(eos_at=4)
+    text = "First sentence here. Second one follows! And a third?"
+    opts = SynthesisOptions(greedy=True, max_sentence_chars=len(text))
+    assert tts.synthesize(text, voice=VOICE, options=opts).info["pieces"] == 1
+    opts = SynthesisOptions(greedy=True, max_sentence_chars=len(text) - 1)
+    assert tts.synthesize(text, voice=VOICE, options=opts).info["pieces"] == 2
+
+
 def test_vocoder_state_continues_across_pieces():
     tts, backend = make_tts(eos_at=3)
     opts = SynthesisOptions(greedy=True, max_sentence_chars=30, first_chunk_frames=4, chunk_frames=4)

@@ -136,7 +136,7 @@ def test_key_differs_by_checkpoint_preset_and_qtts_version(built, tiny_snapshot,
     assert cache.find_bundle(snapshot, "fast") == path
     assert cache.find_bundle(tiny_snapshot(kind="custom_voice", seed=1), "fast") is None  # another checkpoint
     assert cache.find_bundle(snapshot, "fastest") is None
-    monkeypatch.setattr(qtts, "__version__", "99.0.0")
+    monkeypatch.setattr(qtts.version, "__version__", "99.0.0")
     assert cache.find_bundle(snapshot, "fast") is None
     monkeypatch.setattr(cache, "runtime_version", lambda: "0.0.1")
     assert cache.find_bundle(snapshot, "fast") is None

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REAL_TOKENIZER_DIR, reference_configs
 from qtts.errors import ConfigError
-from qtts.text.sentences import split_sentences
+from qtts.text.sentences import pack_sentences, split_sentences
 from qtts.text.tokenizer import TextTokenizer, official_regex
 from support.corpus import corpus
 
@@ -224,3 +224,19 @@ def test_split_merges_tiny_pieces_and_hard_splits():
     cjk = "中" * 50
     assert split_sentences(cjk, max_chars=20) == ["中" * 20, "中" * 20, "中" * 10]
     assert split_sentences("", max_chars=20) == [] and split_sentences(" \n ", max_chars=20) == []
+
+
+@pytest.mark.parametrize("text", list(PARAGRAPHS) + ["Hi. Yes. This is a longer sentence.", "中" * 50])
+@pytest.mark.parametrize("max_chars", [8, 20, 60, 200])
+def test_pack_sentences_packs_whole_sentences(text, max_chars):
+    """Pieces keep all the text, fit max_chars, end where split_sentences cuts, and no two neighbours
+    fit together; a text that fits is one piece (what TTS.stream speaks without splitting)."""
+    pieces = pack_sentences(text, max_chars)
+    assert _squash("".join(pieces)) == _squash(text)
+    assert all(p and p == p.strip() and len(p) <= max_chars for p in pieces)
+    assert all(len(f"{a} {b}") > max_chars for a, b in zip(pieces, pieces[1:]))
+    cuts = split_sentences(text, max_chars=max_chars, min_chars=1)
+    ends = {len(_squash("".join(cuts[: i + 1]))) for i in range(len(cuts))}
+    assert all(len(_squash("".join(pieces[: i + 1]))) in ends for i in range(len(pieces)))
+    if len(text.strip()) <= max_chars:
+        assert pieces == [text.strip()]

@@ -93,7 +93,7 @@ def runtime_version() -> str:
 def cache_key(fingerprint: str, preset: str) -> str:
     """``<fingerprint>-<preset>-<hash>``: another checkpoint, preset, qtts version, format or
     onnxruntime version never shares a bundle."""
-    from .. import __version__
+    from ..version import __version__
 
     deps = {"qtts": __version__, "format": FORMAT, "onnxruntime": runtime_version(),
             "preset": asdict(PRESETS[preset])}  # fmt: skip
@@ -344,7 +344,7 @@ def _build_temporary(snapshot: str, preset: str, key: str, listeners: tuple) -> 
 
 def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
     """Export ``preset`` into ``out`` in a child process with progress, and its cache info; returns ``out``."""
-    from .. import __version__
+    from ..version import __version__
     from .build import run_child
     from .bundle import fingerprint
 

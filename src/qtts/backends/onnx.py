@@ -291,10 +291,10 @@ def vocoder_options(path: str, threads: int | None, shared: SharedWeights | None
     """Session options of a vocoder step: the shared weights, and the compiled SnakeBeta kernel
     when :mod:`qtts.kernels` has one (else the graph's ``qtts.kernels::SnakeBeta`` function nodes
     are inlined to the plain ops: the same output as a plain export, bit for bit)."""
-    from .. import kernels
+    from ..kernels import register
 
     so = shared.options(path, threads) if shared else session_options(threads)
-    kernels.register(so)
+    register(so)
     return so
 
 

@@ -19,7 +19,13 @@ import threading
 import numpy as np
 
 from ..config import PREDICTOR_STEPS
-from ..errors import InputError, require
+from ..errors import InputError, missing
+
+try:  # this module is imported only when a plan names the torch runtime (qtts.backends._runtime)
+    import torch
+except ImportError as exc:  # a core-only install
+    raise missing("torch", "torch", "the torch runtime") from exc
+
 from .base import OpenContext
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
@@ -30,7 +36,6 @@ _MAIN_DTYPE = ("talker", "speaker_encoder")  # the speech tokenizer (decoder, en
 
 
 def torch_dtype(name: str):
-    torch = require("torch", "torch", "the torch runtime")
     if name not in _DTYPES:
         raise InputError(f"dtype '{name}' is not supported; valid: {', '.join(_DTYPES)}")
     return getattr(torch, name)
@@ -62,7 +67,6 @@ class TorchBackend:
     thread_safe = True
 
     def __init__(self, talker, threads: int | None = None):
-        torch = require("torch", "torch", "the torch runtime")
         if threads:
             torch.set_num_threads(int(threads))
         self._torch = torch
@@ -195,7 +199,7 @@ class TorchVocoder(StepVocoder):
     def __init__(self, decoder, main: int = 16, threads: int | None = None, stack_streams: bool = False):
         """``stack_streams``: :meth:`run_batch` runs several streams' steps as one vectorized call
         (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one."""
-        self._torch = require("torch", "torch", "the torch vocoder")
+        self._torch = torch
         self.stack_streams = bool(stack_streams)
         dtype = next(decoder.parameters()).dtype
         if dtype != self._torch.float32:
@@ -259,7 +263,7 @@ class TorchFullVocoder:
     """The offline decoder re-run over the whole prefix on every call (exact reference)."""
 
     def __init__(self, decoder):
-        self._torch = require("torch", "torch", "the torch vocoder")
+        self._torch = torch
         self.decoder = decoder.eval()
 
     def stream(self) -> _FullStream:
@@ -290,7 +294,6 @@ class _FullStream:
 def step_decode(step_for, codes, schedule: list[int]) -> np.ndarray:
     """Decode ``codes [1,16,T]`` (torch) with VocoderSteps of the sizes in ``schedule`` (sum == T);
     ``step_for(B)`` returns a step. Used by ``qtts verify vocoder`` and the tests."""
-    torch = require("torch", "torch", "the torch vocoder")
     if sum(schedule) != codes.shape[-1]:
         raise ValueError(f"schedule sums to {sum(schedule)}, codes have {codes.shape[-1]} frames")
     cache, pos, outs = None, 0, []
@@ -310,7 +313,7 @@ class TorchSpeakerEncoder:
     """x-vector ``[enc_dim]`` (float32) of a mono 24 kHz waveform: numpy log-mel + the ECAPA module."""
 
     def __init__(self, encoder):
-        self._torch = require("torch", "torch", "the torch speaker encoder")
+        self._torch = torch
         self.encoder = encoder.eval()
 
     def embed(self, wav_24k: np.ndarray) -> np.ndarray:
@@ -328,7 +331,7 @@ class TorchSpeechEncoder:
     """ICL reference codes ``[ceil(N/1920), 16]`` int64 of a mono 24 kHz waveform."""
 
     def __init__(self, encoder):
-        self._torch = require("torch", "torch", "the torch speech encoder")
+        self._torch = torch
         self.encoder = encoder.eval()
 
     def encode(self, wav_24k: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ REAL_COMMAND = 'qtts say "Hello" --model Qwen/Qwen3-TTS-12Hz-0.6B-Base --ref-aud
 
 
 def build_parser() -> Parser:
-    from .. import __version__
+    from ..version import __version__
 
     parser = Parser(prog="qtts", usage="qtts COMMAND [options]", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="Fast, streaming Qwen3-TTS inference and edge export.\n\n" + START)

@@ -177,9 +177,9 @@ def export_et_bundle(model_dir: str, out: str, weights: str = "fp32", max_len: i
 
 
 def _build(snapshot: str, out: str, weights: str, max_len: int, codes_length: int) -> dict:
-    from .. import __version__
     from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
     from ..backends.plan import PLAN_VERSION
+    from ..version import __version__
     from ..weights import load_checkpoint
     from .write import write_tables
 

@@ -257,7 +257,7 @@ def _encoders(snapshot: str, out: str, opts: ExportOptions) -> tuple[dict, dict]
 
 def _build(snapshot: str, out: str, final: str, opts: ExportOptions, progress=None) -> dict:
     """Everything ``opts`` asks for, written into ``out``; returns the plan."""
-    from .. import __version__
+    from ..version import __version__
     from ..weights import load_checkpoint
     from .recipe import for_talker
 

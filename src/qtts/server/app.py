@@ -20,7 +20,7 @@ import time
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from .. import __version__
+from ..version import __version__
 from .errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from .metrics import CONTENT_TYPE, ServerMetrics, batch_observer, capacity_gauges
 from .middleware import AccessMiddleware

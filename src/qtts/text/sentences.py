@@ -1,7 +1,8 @@
 """Sentence splitting for long text (every model language, CJK punctuation included).
 
 :func:`split_sentences` cuts a text into pieces of at most ``max_chars`` at sentence ends (then at
-clause ends, then hard); :func:`sentence_end` finds the first sentence end in a span (live text:
+clause ends, then hard); :func:`pack_sentences` packs its whole sentences into pieces of up to
+``max_chars`` (what ``TTS.stream`` speaks, one talker context each); :func:`sentence_end` finds the first sentence end in a span (live text:
 :mod:`qtts.text.incremental`). Rules and examples: docs/text.md.
 """
 
@@ -108,3 +109,10 @@ def split_sentences(text: str, max_chars: int = 200, min_chars: int = 12) -> lis
                 continue
         merged.append((a, b))
     return [p for p in (text[a:b].strip() for a, b in merged) if p]
+
+
+def pack_sentences(text: str, max_chars: int = 200) -> list[str]:
+    """Whole sentences packed greedily into pieces of at most ``max_chars`` (:func:`split_sentences`'
+    cuts, every piece merged with the next while the two fit): a text of at most ``max_chars`` is
+    one piece; a sentence longer than that is cut as :func:`split_sentences` cuts it."""
+    return split_sentences(text, max_chars=max_chars, min_chars=max_chars + 1)

@@ -15,8 +15,8 @@ import logging
 import os
 import re
 
-from .. import __version__
 from ..errors import InputError
+from ..version import __version__
 from ..voice_files import VoiceFileCache, regular_entries
 
 log = logging.getLogger(__name__)
