@@ -30,12 +30,17 @@ def require(module: str, extra: str, what: str = ""):
         raise missing(module, extra, what) from exc
 
 
-def missing(module: str, extra: str, what: str = "") -> MissingDependencyError:
+#: what a command that can run an exported bundle says after a missing torch
+BUNDLE_HINT = " (or run an exported ONNX bundle, which needs no torch: --plan BUNDLE/plan.json)"
+
+
+def missing(module: str, extra: str, what: str = "", also: str = "") -> MissingDependencyError:
     """The error :func:`require` raises for ``module`` (for a module imported at the top of a
-    file that only an optional path imports: ``raise missing(...) from exc``)."""
+    file that only an optional path imports: ``raise missing(...) from exc``); ``also``: an
+    alternative appended to the hint (:data:`BUNDLE_HINT`)."""
     purpose = f" for {what}" if what else ""
     return MissingDependencyError(f"'{module}' is needed{purpose} but is not installed; "
-                                  f"install it with: {install_hint(extra)}")
+                                  f"install it with: {install_hint(extra)}{also}")
 
 
 #: the extra that provides each optional top-level module (pyproject.toml)
@@ -59,6 +64,5 @@ def missing_module_message(exc: ImportError, extra: str | None = None, bundle: b
         return None
     extra = extra or EXTRAS[name]
     need = "PyTorch" if name == "torch" else f"'{name}'"
-    also = (" (or run an exported ONNX bundle, which needs no torch: --plan BUNDLE/plan.json)"
-            if name == "torch" and bundle else "")
+    also = BUNDLE_HINT if name == "torch" and bundle else ""
     return f"{need} is needed for this command but is not installed; install it with: {install_hint(extra)}{also}"

@@ -19,7 +19,8 @@ from qtts.cli import main
 from qtts.errors import InputError
 from qtts.options import SynthesisOptions
 
-TEXT = "Hello there. How are you today?"  # two sentence pieces: the frames of both, in order
+TEXT = ("Hello there, this first sentence is long enough to fill more than half of one text piece on its own, as it goes. "
+        "How are you today, and what would you like me to read out loud for you this time, my friend?")  # two pieces (over 200 characters): the frames of both, in order
 SAY = ["--max-frames", "6", "--seed", "1", "--threads", "1", "-q"]
 CASES = {  # name: (checkpoint kind, say flags, codes file)
     "xvector": ("base", ["--ref-audio", "REF"], "codes.npy"),

@@ -19,12 +19,12 @@ import threading
 import numpy as np
 
 from ..config import PREDICTOR_STEPS
-from ..errors import InputError, missing
+from ..errors import BUNDLE_HINT, InputError, missing
 
 try:  # this module is imported only when a plan names the torch runtime (qtts.backends._runtime)
     import torch
 except ImportError as exc:  # a core-only install
-    raise missing("torch", "torch", "the torch runtime") from exc
+    raise missing("torch", "torch", "the torch runtime", also=BUNDLE_HINT) from exc
 
 from .base import OpenContext
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
