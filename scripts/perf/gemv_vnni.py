@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from _common import interleaved, loadavg, report  # noqa: E402
+from _common import collapse_huge, interleaved, loadavg, pages, report  # noqa: E402
 from matmulnbits_micro import fp32_model, quantized, session, snr  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
@@ -61,26 +61,6 @@ def gemvs(model) -> list:
         s = np.ascontiguousarray(inits[node.input[2]], np.float32).reshape(att["N"], -1)
         out.append((node.input[0], att["K"], att["N"], b, s, att["bits"], att["block_size"], node.output[0]))
     return out
-
-
-def pages() -> str:
-    """Rss and AnonHugePages of this process (numpy already advises huge pages for its own large
-    arrays, so our copies of B may sit on 2 MB pages without --huge; onnxruntime's buffers do not)."""
-    with open("/proc/self/smaps_rollup", encoding="ascii") as fh:
-        return " ".join(" ".join(ln.split()) for ln in fh if ln.startswith(("Rss", "AnonHugePages")))
-
-
-def collapse_huge(min_mb: int = 4) -> None:
-    """MADV_HUGEPAGE + MADV_COLLAPSE over the process's large anonymous rw mappings (best effort)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    with open("/proc/self/maps", encoding="ascii") as fh:
-        for line in fh:
-            f = line.split()
-            lo, hi = (int(v, 16) for v in f[0].split("-"))
-            if f[1].startswith("rw") and (len(f) < 6 or f[5] == "[heap]") and hi - lo >= min_mb << 20:
-                libc.madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE
-                libc.madvise(lo, hi - lo, 25)  # MADV_COLLAPSE (errors ignored: best effort)
 
 
 def ours(lib, nodes, x: np.ndarray, threads: int):
