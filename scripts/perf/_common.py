@@ -11,6 +11,7 @@ shared 2-core VM drift; the ratios are what the findings quote.
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import numpy as np
@@ -71,3 +72,27 @@ def loadavg() -> str:
             return fh.read().split()[0]
     except OSError:
         return "?"
+
+
+def pages() -> str:
+    """Rss and AnonHugePages of this process (Linux; numpy already advises huge pages for its own
+    large arrays, onnxruntime does not for its buffers)."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as fh:
+            return " ".join(" ".join(ln.split()) for ln in fh if ln.startswith(("Rss", "AnonHugePages")))
+    except OSError:
+        return "pages: ?"
+
+
+def collapse_huge(min_mb: int = 4) -> None:
+    """MADV_HUGEPAGE + MADV_COLLAPSE (Linux >= 6.1) over this process's large anonymous rw mappings
+    (onnxruntime's prepacked weights among them), best effort: errors are ignored."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps", encoding="ascii") as fh:
+        for line in fh:
+            f = line.split()
+            lo, hi = (int(v, 16) for v in f[0].split("-"))
+            if f[1].startswith("rw") and (len(f) < 6 or f[5] == "[heap]") and hi - lo >= min_mb << 20:
+                libc.madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE
+                libc.madvise(lo, hi - lo, 25)  # MADV_COLLAPSE
