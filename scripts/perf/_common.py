@@ -11,7 +11,7 @@ shared 2-core VM drift; the ratios are what the findings quote.
 
 from __future__ import annotations
 
-import ctypes
+import os
 import time
 
 import numpy as np
@@ -84,15 +84,11 @@ def pages() -> str:
         return "pages: ?"
 
 
-def collapse_huge(min_mb: int = 4) -> None:
-    """MADV_HUGEPAGE + MADV_COLLAPSE (Linux >= 6.1) over this process's large anonymous rw mappings
-    (onnxruntime's prepacked weights among them), best effort: errors are ignored."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    with open("/proc/self/maps", encoding="ascii") as fh:
-        for line in fh:
-            f = line.split()
-            lo, hi = (int(v, 16) for v in f[0].split("-"))
-            if f[1].startswith("rw") and (len(f) < 6 or f[5] == "[heap]") and hi - lo >= min_mb << 20:
-                libc.madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE
-                libc.madvise(lo, hi - lo, 25)  # MADV_COLLAPSE
+def collapse_huge() -> None:
+    """MADV_HUGEPAGE + MADV_COLLAPSE over this process's large resident anonymous mappings
+    (onnxruntime's prepacked weights among them): what an onnx plan's open() does
+    (qtts.backends.pages), here for sessions a script builds itself."""
+    from qtts.backends import pages
+
+    os.environ.pop(pages.ENV, None)
+    pages.advise()

@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from _common import collapse_huge, loadavg, pages  # noqa: E402
+from _common import loadavg, pages  # noqa: E402
 
 from qtts.backends import open as open_components  # noqa: E402
 from qtts.engine.generate import generate  # noqa: E402
@@ -142,18 +142,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2, help="measured runs after one 4-frame warm-up")
     ap.add_argument("--first-chunk", type=int, default=BenchOptions.first_chunk, help="frames of the first chunk")
     ap.add_argument("--chunk", type=int, default=BenchOptions.chunk, help="largest chunk (frames)")
-    ap.add_argument("--huge", action="store_true", help="after loading, collapse the process's large anonymous "
-                    "mappings (the prepacked weights) into 2 MB pages (Linux >= 6.1; an A/B of the page size)")
+    ap.add_argument("--no-huge", action="store_true", help="keep the weights on 4 KB pages (QTTS_HUGE_PAGES=0; "
+                    "by default an onnx plan's open() collapses them into 2 MB pages: an A/B of the page size)")
     args = ap.parse_args(argv)
+    if args.no_huge:
+        os.environ["QTTS_HUGE_PAGES"] = "0"
     opts = BenchOptions(threads=args.threads, first_chunk=args.first_chunk, chunk=args.chunk)
     parts = open_components(args.model, plan=args.plan, threads=args.threads)
     prompt, speaker = reference_prompt(parts, opts.text)
     one_run(parts, prompt, speaker, 4, opts)  # warm-up
-    if args.huge:
-        collapse_huge()
     rows = [one_run(parts, prompt, speaker, args.frames, opts) for _ in range(args.repeats)]
     print(f"{args.plan or 'torch'}: {args.threads} threads, {args.frames} frames, chunks {args.first_chunk}..{args.chunk},"
-          f" loadavg {loadavg()}; huge pages {args.huge}: {pages()}")
+          f" loadavg {loadavg()}; huge pages {not args.no_huge}: {pages()}")
     for r in rows:
         print_run(r)
     print_weights(parts, rows, args.threads)

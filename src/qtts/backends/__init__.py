@@ -85,7 +85,7 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
-    return Components(
+    components = Components(
         config=config, tokenizer=TextTokenizer.from_dir(snapshot) if generates else None,
         backend=backend or (_generation(plan, ctx) if generates else None),
         vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
@@ -93,6 +93,11 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         speech_encoder=_lazy_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
         plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
     )  # fmt: skip
+    if any(plan.impl(name) == "onnx" for name in ("talker", "predictor", "vocoder")):
+        from .pages import advise
+
+        advise()  # 2 MB pages for the weights onnxruntime prepacked (qtts.backends.pages)
+    return components
 
 
 class LazyPart:
