@@ -7,8 +7,8 @@ for more, and a GEMV that streams ~0.5 GB of weights per step pays a TLB miss ev
 hardware prefetcher that stops at every page edge. :func:`advise` asks for 2 MB pages
 (``MADV_HUGEPAGE``) and collapses the pages already there (``MADV_COLLAPSE``, Linux >= 6.1) over
 the process's large anonymous mappings that are almost fully resident (so a sparse mapping, such as
-a thread stack, never grows). Measured on a 2-core Zen 4 VM: talker and predictor -28 % CPU per
-frame, the vocoder -8 %, the same RSS (docs/performance.md, "2 MB pages for the weights").
+a thread stack, never grows). Measured on a 2-core Zen 4 VM: talker and predictor about a third less CPU per
+frame, the whole frame -21 %, the same RSS (docs/performance.md, "2 MB pages for the weights").
 ``QTTS_HUGE_PAGES=0`` turns it off.
 """
 
