@@ -1,12 +1,13 @@
 """The rewritten generation graphs (issue 24, "fewer nodes"): what onnxruntime executes per predictor
 frame and talker step, and that the rewrites compute what the torch reference computes.
 
-The rewrites: the residual Add fused into the next RMSNorm (``SkipSimplifiedLayerNormalization``),
-q/k head reshapes with a constant ``[0, -1, ...]`` shape (no Shape/Gather/Unsqueeze/Concat chain),
-the frame graph's per-pass positions as constants, one uniforms Cast per frame, ``[1, 1, ...]``
-rank kept from a pass's head through its sampler to the next pass's embedding row, and caches that
-grow from empty instead of 17 zero slots. Counts are taken after onnxruntime's optimizer with the
-product's session options (what runs), on the tiny checkpoint's fp32 graphs.
+The rewrites: q/k head reshapes with a constant ``[0, -1, ...]`` shape (no Shape/Gather/Unsqueeze/
+Concat chain in the exported proto), the frame graph's per-pass positions as constants, one
+uniforms Cast per frame, the ``[1, 1, ...]`` rank kept from a pass's head through its sampler to
+the next pass's embedding row, and caches that grow from empty instead of 17 zero slots. On the
+mid checkpoint's int8 bundle the frame went from 766 to 670 executed nodes with bitwise-identical
+codes and logits. Counts are taken after onnxruntime's optimizer with the product's session
+options (what runs), on the tiny checkpoint's fp32 graphs.
 """
 
 from __future__ import annotations
@@ -60,28 +61,28 @@ SHAPE_OPS = ("Shape", "Unsqueeze", "Concat", "Expand", "ConstantOfShape")
 
 
 def test_frame_graph_executes_few_nodes(bundle, tmp_path):
-    """Ratchet: per predictor pass, 17 nodes per decoder layer (4 norms, 4 MatMul, GQA, 2 Split, 4
-    Reshape, SiLU, Mul) and the sampler; before the rewrites a tiny frame ran 24 + 26 nodes more
-    per pass and layer (residual Adds, shape chains, per-pass position arithmetic)."""
+    """Ratchet: per predictor pass, 19 nodes per decoder layer (4 norms, 2 residual Adds, 4 MatMul,
+    GQA, 2 Split, 4 Reshape, SiLU, Mul) and 25 for the pass's final norm, head, sampler and next
+    embedding row; 10 for the frame's entry and outputs. Before the rewrites a frame ran 96 more
+    (per pass: the position arithmetic Shape/Gather/Add/Cast, a uniform's Cast, a Gather and an
+    Unsqueeze between passes)."""
     path = os.path.join(bundle, _plan(bundle)["predictor"]["artifacts"]["main"])
     layers = _layers(bundle, "predictor")
     counts = _optimized_counts(path, tmp_path)
-    assert counts["SkipSimplifiedLayerNormalization"] == 2 * layers * PREDICTOR_STEPS  # every residual Add fused
-    assert counts["SimplifiedLayerNormalization"] == (1 + 2 * layers) * PREDICTOR_STEPS  # a pass's first norm, q, k
-    assert counts["Add"] == 0
+    assert counts["SimplifiedLayerNormalization"] == (4 * layers + 1) * PREDICTOR_STEPS
+    assert counts["Add"] == 2 * layers * PREDICTOR_STEPS  # the residual Adds only
     assert counts["GroupQueryAttention"] == layers * PREDICTOR_STEPS
     assert counts["Shape"] == 0 and counts["Concat"] <= 3 and counts["Unsqueeze"] <= 2  # the frame's entry only
-    per_pass = (sum(counts.values()) - 8) / PREDICTOR_STEPS  # 8: the frame's entry and outputs
-    assert per_pass <= 17 * layers + 25, counts
+    assert sum(counts.values()) <= PREDICTOR_STEPS * (19 * layers + 25) + 10, counts
 
 
 def test_talker_graph_executes_few_nodes(bundle, tmp_path):
     path = os.path.join(bundle, _plan(bundle)["talker"]["artifacts"]["main"])
     layers = _layers(bundle, "talker")
     counts = _optimized_counts(path, tmp_path)
-    assert counts["SkipSimplifiedLayerNormalization"] == 2 * layers and counts["Add"] == 0
+    assert counts["Add"] == 2 * layers
     assert not any(counts[op] for op in SHAPE_OPS), counts
-    assert sum(counts.values()) <= 17 * layers + 3, counts  # + the final norm's Gather and the codec head
+    assert sum(counts.values()) <= 19 * layers + 3, counts  # + the last position's Gather, final norm, codec head
 
 
 def test_exported_graphs_compute_no_shapes(bundle):
@@ -104,7 +105,7 @@ def _backends(snapshot: str, bundle: str):
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> None:
-    """fp32 rewrites: equal up to float rounding (the fused norm sums in another order)."""
+    """ONNX fp32 against torch: equal up to float rounding (other kernels, other summation order)."""
     scale = float(np.abs(want).max())
     assert float(np.abs(got - want).max()) <= 1e-4 * scale, (float(np.abs(got - want).max()), scale)
 
@@ -135,3 +136,26 @@ def test_rewritten_graphs_match_torch(snapshot, bundle):
         (c_ref, l_ref), (c_test, l_test) = (b.predictor_logits(hidden, 17 + seed, greedy, u) for b in (ref, test))
         np.testing.assert_array_equal(np.asarray(c_test), np.asarray(c_ref))
         _close(np.asarray(l_test), np.asarray(l_ref))
+
+
+def test_fused_residual_norm_option(snapshot, tmp_path, monkeypatch):
+    """The measured-and-off option (contrib.FUSED_SKIP_NORM): every residual Add fused into the next
+    norm, the frame still equal to the torch reference up to float rounding."""
+    from qtts.cli import main
+    from qtts.engine.sampling import PredictorSampler
+    from qtts.export import contrib
+    from qtts.options import SamplingParams
+
+    monkeypatch.setattr(contrib, "FUSED_SKIP_NORM", True)
+    out = str(tmp_path / "fused")
+    assert main(["export", "onnx", "-m", snapshot, "-o", out, *FLAGS]) == 0
+    layers = _layers(out, "predictor")
+    counts = _optimized_counts(os.path.join(out, _plan(out)["predictor"]["artifacts"]["main"]), tmp_path)
+    assert counts["SkipSimplifiedLayerNormalization"] == 2 * layers * PREDICTOR_STEPS and counts["Add"] == 0
+    ref, test = _backends(snapshot, out)
+    greedy = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
+    hidden = np.random.default_rng(5).standard_normal(test.hidden_size).astype(np.float32)
+    u = np.zeros(PREDICTOR_STEPS)
+    (c_ref, l_ref), (c_test, l_test) = (b.predictor_logits(hidden, 3, greedy, u) for b in (ref, test))
+    np.testing.assert_array_equal(np.asarray(c_test), np.asarray(c_ref))
+    _close(np.asarray(l_test), np.asarray(l_ref))

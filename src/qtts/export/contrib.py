@@ -5,8 +5,8 @@ Each is a ``torch.autograd.Function`` whose ``forward`` runs the core model's ow
 ``symbolic`` emits the fused onnxruntime kernel:
 
 * ``SimplifiedLayerNormalization`` (RMSNorm, fp32 statistics) for every RMSNorm, including the
-  per-head q/k norms, and ``com.microsoft::SkipSimplifiedLayerNormalization`` where a residual Add
-  feeds the norm (one kernel returns the norm and the sum);
+  per-head q/k norms (``com.microsoft::SkipSimplifiedLayerNormalization``, the residual Add fused
+  into the norm, is there but off: :data:`FUSED_SKIP_NORM`);
 * ``com.microsoft::GroupQueryAttention`` (GQA) with RoPE inside (``do_rotary=1``, rotate-half),
   a ``[B, kv_heads, L, head_dim]`` past/present KV pair per layer, ``seqlens_k = pos + T - 1``
   and ``total_sequence_length = pos + T``. When the runtime binds the *same* buffer to past and
@@ -56,9 +56,19 @@ class _SkipRMSNorm(torch.autograd.Function):
         return out, s
 
 
+#: emit the residual Add + RMSNorm pairs as one ``SkipSimplifiedLayerNormalization``. Off: on the
+#: 2-core Zen 4 VM a chain of 100 fused nodes took 2.45 us CPU each against 2.35 us per Add +
+#: SimplifiedLayerNormalization pair (1 and 2 threads alike; docs/performance.md, "Fewer nodes"),
+#: and the fused kernel rounds differently (the unfused graph is bitwise the graph before it)
+FUSED_SKIP_NORM = False
+
+
 def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(x + skip), x + skip)``: the residual Add fused into the next norm
-    (onnxruntime's ``SkipSimplifiedLayerNormalization`` when exported: one kernel instead of two)."""
+    """``(rms_norm(x + skip), x + skip)``: a residual Add and the norm that reads it (one onnxruntime
+    ``SkipSimplifiedLayerNormalization`` kernel when :data:`FUSED_SKIP_NORM` is on)."""
+    if not FUSED_SKIP_NORM:
+        s = x + skip
+        return rms_norm(s, norm), s
     return _SkipRMSNorm.apply(x, skip, norm.weight, float(norm.eps))
 
 

@@ -9,8 +9,9 @@ parity tests) they run the core model's own primitives (:mod:`qtts.model.layers`
 kernel and the fused projections are written here.
 
 The decoder stack (:class:`FusedLayer`) leaves each layer's MLP output unsummed: the next norm
-adds the residual (``SkipSimplifiedLayerNormalization``), so a layer runs 17 onnxruntime nodes (4
-norms, 4 MatMul, GQA, 2 Split, 4 Reshape, SiLU, Mul) and no shape arithmetic.
+adds the residual (:func:`~qtts.export.contrib.skip_rms_norm`), so a layer runs 19 onnxruntime
+nodes (4 norms, 2 Adds, 4 MatMul, GQA, 2 Split, 4 Reshape, SiLU, Mul; 17 with the fused norm) and
+no shape arithmetic.
 
 Graphs:
 
