@@ -2,7 +2,7 @@
 
 Each wrapper holds references to the core modules' weights (attribute paths == checkpoint keys)
 and re-expresses the forward pass with ONNX-friendly, fixed-rank ops; the onnxruntime contrib ops
-(RMSNorm, the residual Add fused into the next RMSNorm, GroupQueryAttention with RoPE and its KV
+(RMSNorm, optionally with the residual Add fused in, GroupQueryAttention with RoPE and its KV
 I/O) and the constant-shape reshapes come from :mod:`qtts.export.contrib`. In torch (tracing,
 parity tests) they run the core model's own primitives (:mod:`qtts.model.layers`), so
 ``wrapper(...)`` equals the core model's ``forward`` up to float rounding; only the attention
