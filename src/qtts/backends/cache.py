@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 TORCH = "torch"
 ENV_CACHE, ENV_PLAN, ENV_NO_BUILD = "QTTS_CACHE", "QTTS_PLAN", "QTTS_NO_BUILD"
 #: bump when the layout of a cached bundle changes in a way a version bump would not show
-FORMAT = 1
+FORMAT = 2  # 2: the generation graphs of issue 24 (fused residual norms, no shape arithmetic)
 INFO = "cache.json"  # beside plan.json: what the cache knows of the bundle (preset, checkpoint, versions)
 INSTALL_EXPORT = 'pip install -e ".[export]"'
 

@@ -22,15 +22,8 @@ import os
 import torch
 
 from ..config import PREDICTOR_STEPS
-from .graphs import (
-    PredictorFrameGraph,
-    TalkerGraph,
-    _run_layers,
-    kv_names,
-    pick_in_graph,
-    rms_norm,
-    rope_tables,
-)
+from .contrib import rope_tables
+from .graphs import PredictorFrameGraph, TalkerGraph, _run_layers, kv_names, pick_in_graph
 from .write import export_graph
 
 PREDICTOR_INPUTS = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
@@ -51,8 +44,8 @@ class PredictorFrameBatchGraph(PredictorFrameGraph):
             t = x.shape[1]
             seqlens = torch.zeros_like(code0, dtype=torch.int32) + (pos + t - 1)
             total = torch.tensor(pos + t, dtype=torch.int32)
-            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin)
-            logits = torch.matmul(rms_norm(h[:, -1], step.norm), step.heads[j])
+            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin, step.norm)
+            logits = torch.matmul(h[:, -1], step.heads[j])
             code = pick_in_graph(logits, uniforms[:, j : j + 1], temperature, top_k, top_p, do_sample)
             codes.append(code)
             pos += t

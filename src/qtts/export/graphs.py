@@ -1,20 +1,17 @@
 """Tiny export wrappers over the core model (like kokoro's ``KModelForONNX``).
 
 Each wrapper holds references to the core modules' weights (attribute paths == checkpoint keys)
-and re-expresses the forward pass with ONNX-friendly, fixed-rank ops. Two onnxruntime contrib ops
-are emitted through ``torch.autograd.Function.symbolic`` so the runtime gets fused kernels:
-
-* ``SimplifiedLayerNormalization`` (RMSNorm, fp32 statistics) for every RMSNorm, including the
-  per-head q/k norms;
-* ``com.microsoft::GroupQueryAttention`` (GQA) with RoPE inside (``do_rotary=1``, rotate-half),
-  a ``[1, kv_heads, L, head_dim]`` past/present KV pair per layer, ``seqlens_k = pos + T - 1``
-  and ``total_sequence_length = pos + T``. When the runtime binds the *same* buffer to past and
-  present (I/O binding), GQA writes only the new slots in place: no KV copy per step.
-
-In torch (tracing, parity tests) the same functions run the core model's own primitives
-(:mod:`qtts.model.layers`: ``rms_norm``, ``apply_rope``, ``grouped_attention``, ``swiglu``), so
+and re-expresses the forward pass with ONNX-friendly, fixed-rank ops; the onnxruntime contrib ops
+(RMSNorm, optionally with the residual Add fused in, GroupQueryAttention with RoPE and its KV
+I/O) and the constant-shape reshapes come from :mod:`qtts.export.contrib`. In torch (tracing,
+parity tests) they run the core model's own primitives (:mod:`qtts.model.layers`), so
 ``wrapper(...)`` equals the core model's ``forward`` up to float rounding; only the attention
-kernel (GQA with its cache I/O) and the fused projections are written here.
+kernel and the fused projections are written here.
+
+The decoder stack (:class:`FusedLayer`) leaves each layer's MLP output unsummed: the next norm
+adds the residual (:func:`~qtts.export.contrib.skip_rms_norm`), so a layer runs 19 onnxruntime
+nodes (4 norms, 2 Adds, 4 MatMul, GQA, 2 Split, 4 Reshape, SiLU, Mul; 17 with the fused norm) and
+no shape arithmetic.
 
 Graphs:
 
@@ -38,79 +35,8 @@ import torch
 from torch import nn
 
 from ..config import PREDICTOR_STEPS
-from ..model.layers import (
-    apply_rope,
-    causal_mask,
-    grouped_attention,
-    rope_angles,
-    rope_cos_sin,
-    rope_inv_freq,
-    swiglu,
-)
-from ..model.layers import (
-    rms_norm as _rms_norm,
-)
-
-# ---------------------------------------------------------------------------- contrib-op functions
-
-
-class _RMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps: float):
-        return _rms_norm(x, weight, eps)
-
-    @staticmethod
-    def symbolic(g, x, weight, eps: float):
-        return g.op("SimplifiedLayerNormalization", x, weight, axis_i=-1, epsilon_f=eps, stash_type_i=1)
-
-
-def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """RMSNorm with the core module's weight/eps, as the onnxruntime contrib op when exported."""
-    return _RMSNorm.apply(x, norm.weight, float(norm.eps))
-
-
-class _GQA(torch.autograd.Function):
-    """GroupQueryAttention with in-op RoPE over a fixed-size past/present KV buffer."""
-
-    @staticmethod
-    def forward(
-        ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int
-    ):
-        b, t, _ = q.shape
-        hd = past_k.shape[-1]
-        pos = int(total_len) - t
-        cos = torch.cat([cos_cache[pos : pos + t]] * 2, dim=-1)  # half-width tables -> [t, hd]
-        sin = torch.cat([sin_cache[pos : pos + t]] * 2, dim=-1)
-        q = apply_rope(q.view(b, t, heads, hd).transpose(1, 2), cos, sin)
-        k = apply_rope(k.view(b, t, kv_heads, hd).transpose(1, 2), cos, sin)
-        present_k, present_v = past_k.clone(), past_v.clone()
-        present_k[:, :, pos : pos + t] = k
-        present_v[:, :, pos : pos + t] = v.view(b, t, kv_heads, hd).transpose(1, 2)
-        keys, values = present_k[:, :, : pos + t], present_v[:, :, : pos + t]
-        out = grouped_attention(q, keys, values, causal_mask(pos, t), hd**-0.5)
-        return out.transpose(1, 2).reshape(b, t, heads * hd), present_k, present_v
-
-    @staticmethod
-    def symbolic(
-        g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads: int, kv_heads: int
-    ):
-        out, pk, pv = g.op(
-            "com.microsoft::GroupQueryAttention",
-            q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache,
-            num_heads_i=heads, kv_num_heads_i=kv_heads, do_rotary_i=1, rotary_interleaved_i=0,
-            outputs=3,
-        )  # fmt: skip
-        out.setType(q.type())
-        pk.setType(past_k.type())
-        pv.setType(past_v.type())
-        return out, pk, pv
-
-
-def rope_tables(max_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin caches ``[max_len, head_dim/2]`` in fp32 (the core model's RoPE angles)."""
-    freqs = rope_angles(torch.arange(max_len), rope_inv_freq(head_dim, theta))
-    return freqs.cos(), freqs.sin()
-
+from ..model.layers import rope_cos_sin, swiglu
+from .contrib import _GQA, reshape_tail, rms_norm, rope_tables, skip_rms_norm
 
 # ---------------------------------------------------------------------------- decoder stack
 
@@ -133,20 +59,26 @@ class FusedLayer(nn.Module):
         self.q_norm, self.k_norm = att.q_norm, att.k_norm
         self.intermediate = mlp.gate_proj.weight.shape[0]
 
-    def forward(self, x, past_k, past_v, seqlens_k, total_len, cos, sin):
-        b, t, _ = x.shape
+    def forward(self, x, skip, past_k, past_v, seqlens_k, total_len, cos, sin):
+        """``x + skip`` (``skip``: the previous layer's MLP output, None for the first layer) through
+        the layer -> ``(x', mlp_out, present_k, present_v)`` with the layer's output ``x' + mlp_out``
+        left unsummed: the next norm adds it (:func:`skip_rms_norm`)."""
         hd, nq, nk = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qkv = torch.matmul(rms_norm(x, self.input_layernorm), self.qkv)
+        if skip is None:
+            h = rms_norm(x, self.input_layernorm)
+        else:
+            h, x = skip_rms_norm(x, skip, self.input_layernorm)
+        qkv = torch.matmul(h, self.qkv)
         q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
-        q = rms_norm(q.reshape(b, t, self.heads, hd), self.q_norm).reshape(b, t, nq)
-        k = rms_norm(k.reshape(b, t, self.kv_heads, hd), self.k_norm).reshape(b, t, nk)
+        q = reshape_tail(rms_norm(reshape_tail(q, self.heads, hd), self.q_norm), nq)
+        k = reshape_tail(rms_norm(reshape_tail(k, self.kv_heads, hd), self.k_norm), nk)
         att, pk, pv = _GQA.apply(
             q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, self.heads, self.kv_heads
         )
-        x = x + torch.matmul(att, self.o)
-        gu = torch.matmul(rms_norm(x, self.post_attention_layernorm), self.gate_up)
+        h, x = skip_rms_norm(x, torch.matmul(att, self.o), self.post_attention_layernorm)
+        gu = torch.matmul(h, self.gate_up)
         gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
-        return x + torch.matmul(swiglu(gate, up), self.down), pk, pv
+        return x, torch.matmul(swiglu(gate, up), self.down), pk, pv
 
 
 def fused_layers(layers, cfg) -> nn.ModuleList:
@@ -155,12 +87,13 @@ def fused_layers(layers, cfg) -> nn.ModuleList:
     )
 
 
-def _run_layers(layers, x, pasts, seqlens_k, total_len, cos, sin):
-    presents = []
+def _run_layers(layers, x, pasts, seqlens_k, total_len, cos, sin, norm):
+    """The decoder stack, then ``norm`` -> (normed hidden of every position, presents)."""
+    presents, skip = [], None
     for i, layer in enumerate(layers):
-        x, pk, pv = layer(x, pasts[2 * i], pasts[2 * i + 1], seqlens_k, total_len, cos, sin)
+        x, skip, pk, pv = layer(x, skip, pasts[2 * i], pasts[2 * i + 1], seqlens_k, total_len, cos, sin)
         presents += [pk, pv]
-    return x, presents
+    return skip_rms_norm(x, skip, norm)[0], presents
 
 
 def kv_names(num_layers: int, prefix: str) -> list[str]:
@@ -180,8 +113,8 @@ class TalkerGraph(nn.Module):
         self.head = nn.Parameter(talker.codec_head.weight.detach().t().contiguous(), requires_grad=False)
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
-        x, presents = _run_layers(self.layers, embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache)
-        hidden = rms_norm(x[:, -1], self.norm)  # [1, H]
+        h, presents = _run_layers(self.layers, embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
+        hidden = h[:, -1]  # [1, H]
         return (torch.matmul(hidden, self.head), hidden, *presents)
 
 
@@ -200,10 +133,10 @@ class PredictorStepGraph(nn.Module):
         )
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
-        x, presents = _run_layers(
-            self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache
+        h, presents = _run_layers(
+            self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm
         )
-        hidden = rms_norm(x[:, -1], self.norm)
+        hidden = h[:, -1]
         return (*[torch.matmul(hidden, w) for w in self.heads], *presents)
 
 
@@ -227,7 +160,8 @@ def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
     drop the low tail whose cumulative probability is <= 1 - p) -> softmax -> the id whose
     interval of the cumulative distribution **in id order** contains ``u`` (float64 cumsum), so
     the same uniform picks the same id as the numpy sampler. ``logits [1,V]``, ``u [1]``,
-    ``temperature [1]``, ``top_k [1] int64`` (1..V), ``top_p [1]``, ``do_sample [1] bool`` -> ``[1] int64``.
+    ``temperature [1]``, ``top_k [1] int64`` (1..V), ``top_p [1]``, ``do_sample [1] bool`` -> ``[1] int64``;
+    logits ``[1, 1, V]`` give ``[1, 1]`` (the frame graph's passes keep that rank: no reshapes).
     """
     vocab = int(logits.shape[-1])
     greedy = torch.argmax(logits, dim=-1)
@@ -239,7 +173,7 @@ def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
     threshold = torch.min(torch.where(keep, ranked, inf), dim=-1, keepdim=True)[0]
     scores = torch.where(scores < threshold, -inf, scores)
     cdf = torch.cumsum(torch.softmax(scores, dim=-1).double(), dim=-1)
-    n = torch.sum((cdf <= u.double() * cdf[:, -1:]).to(torch.int64), dim=-1)
+    n = torch.sum((cdf <= u.double() * cdf[..., -1:]).to(torch.int64), dim=-1)
     sampled = torch.clamp(n, max=vocab - 1)
     return torch.where(do_sample, sampled, greedy)
 
@@ -268,23 +202,25 @@ class PredictorFrameGraph(nn.Module):
 
     def forward(self, hidden, code0, uniforms, temperature, top_k, top_p, do_sample):
         cfg, step = self.cfg, self.step
-        shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
+        shape = (1, cfg.num_key_value_heads, 0, cfg.head_dim)  # empty caches: each GQA returns past + its rows
         pasts = [torch.zeros(shape) for _ in range(2 * cfg.num_hidden_layers)]
         x = torch.stack([hidden, self.codec0[code0].float()], dim=1)  # [1, 2, H_talker]
+        u = uniforms.double()  # one Cast for all passes
         codes, heads, pos = [], [], 0
         for j in range(PREDICTOR_STEPS):
-            t = x.shape[1]
+            t = 2 if j == 0 else 1  # python ints: every pass's positions are static (no Shape ops)
             seqlens = torch.tensor([pos + t - 1], dtype=torch.int32)
             total = torch.tensor(pos + t, dtype=torch.int32)
-            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin)
-            logits = torch.matmul(rms_norm(h[:, -1], step.norm), step.heads[j])
-            code = pick_in_graph(logits, uniforms[j : j + 1], temperature, top_k, top_p, do_sample)
+            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin, step.norm)
+            logits = torch.matmul(h[:, -1:] if t > 1 else h, step.heads[j])  # [1, 1, vocab]
+            code = pick_in_graph(logits, u[j : j + 1], temperature, top_k, top_p, do_sample)  # [1, 1]
             codes.append(code)
             heads.append(logits)
             pos += t
             if j < PREDICTOR_STEPS - 1:
-                x = self.tables[j][code].float()[:, None, :]  # [1, 1, H_talker]
-        return torch.cat(codes), torch.cat(heads)  # codes [15]; logits [15, vocab] (qtts verify plan)
+                x = self.tables[j][code].float()  # [1, 1, H_talker]
+        # codes [15]; logits [15, vocab] (qtts verify plan)
+        return torch.cat(codes).reshape(PREDICTOR_STEPS), torch.cat(heads).reshape(PREDICTOR_STEPS, -1)
 
 
 class TextProjectionGraph(nn.Module):

@@ -81,7 +81,8 @@ def _kv_args(cfg, kv_len: int, embeds, t: int):
     """Example inputs and names of a GQA stack graph (talker or predictor step)."""
     import torch
 
-    from .graphs import kv_names, rope_tables
+    from .contrib import rope_tables
+    from .graphs import kv_names
 
     n = cfg.num_hidden_layers
     cos, sin = rope_tables(kv_len, cfg.head_dim, cfg.rope_theta)

@@ -115,7 +115,7 @@ def write_tables(talker, out: str, storage: str = "fp32") -> dict:
     always fp32); returns name -> path relative to ``out``."""
     if storage not in STORAGES:
         raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(STORAGES)}")
-    from .graphs import rope_tables
+    from .contrib import rope_tables
 
     cfg = talker.cfg
     cos, sin = rope_tables(min(cfg.max_position_embeddings, 32768), cfg.head_dim, cfg.rope_theta)
