@@ -12,7 +12,7 @@ FP32_BUNDLE: ``qtts export onnx --components predictor --no-batch-graphs`` of th
 * ``ort int8|int4``: the bundle graph in onnxruntime with the product's session options
   (``qtts.backends.onnx.session_options``; the talker with its KV bound in place, as the product);
   talker also ``(growing KV, as ov)``: past of ``--pos`` slots in, presents of ``--pos + 1`` out,
-  the only KV form OpenVINO's GroupQueryAttention reads right (it ignores the shared buffer);
+  the form OpenVINO's GroupQueryAttention returns (it never writes a fixed buffer in place);
 * ``ov int8|int4 (same MatMulNBits graph)``: the *same* bundle graph read by OpenVINO (its ONNX
   frontend turns MatMulNBits into compressed-weight FullyConnected: identical quantized weights);
 * ``ov nncf MODE``: the fp32 graph compressed by ``nncf.compress_weights`` (INT8_ASYM, INT8_SYM,
@@ -70,8 +70,8 @@ def predictor_feeds(seed: int) -> dict:
 
 def talker_feeds(bundle: str, kv_len: int, pos: int, seed: int) -> dict:
     """One decode step at ``pos`` over a KV history of ``pos`` random slots (a growing cache: the
-    presents are ``pos + 1`` long, the only form OpenVINO's GroupQueryAttention reads right);
-    rope tables of ``kv_len`` rows."""
+    presents are ``pos + 1`` long, what OpenVINO's GroupQueryAttention returns); rope tables of
+    ``kv_len`` rows (the product's fixed buffer in :func:`ort_runner`)."""
     rng = np.random.default_rng(seed)
     cos = np.load(os.path.join(bundle, "tables", "rope_cos.npy"), mmap_mode="r")
     sin = np.load(os.path.join(bundle, "tables", "rope_sin.npy"), mmap_mode="r")
