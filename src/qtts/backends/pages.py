@@ -59,6 +59,8 @@ def candidates(min_bytes: int = MIN_BYTES, min_resident: float = MIN_RESIDENT) -
     with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
         for line in fh:
             head = line.split()
+            if not head:
+                continue
             if "-" in head[0] and len(head) >= 5:  # a mapping's header line
                 lo, hi = (int(v, 16) for v in head[0].split("-"))
                 anon = len(head) == 5 or head[5] == "[heap]"
