@@ -136,26 +136,3 @@ def test_rewritten_graphs_match_torch(snapshot, bundle):
         (c_ref, l_ref), (c_test, l_test) = (b.predictor_logits(hidden, 17 + seed, greedy, u) for b in (ref, test))
         np.testing.assert_array_equal(np.asarray(c_test), np.asarray(c_ref))
         _close(np.asarray(l_test), np.asarray(l_ref))
-
-
-def test_fused_residual_norm_option(snapshot, tmp_path, monkeypatch):
-    """The measured-and-off option (contrib.FUSED_SKIP_NORM): every residual Add fused into the next
-    norm, the frame still equal to the torch reference up to float rounding."""
-    from qtts.cli import main
-    from qtts.engine.sampling import PredictorSampler
-    from qtts.export import contrib
-    from qtts.options import SamplingParams
-
-    monkeypatch.setattr(contrib, "FUSED_SKIP_NORM", True)
-    out = str(tmp_path / "fused")
-    assert main(["export", "onnx", "-m", snapshot, "-o", out, *FLAGS]) == 0
-    layers = _layers(out, "predictor")
-    counts = _optimized_counts(os.path.join(out, _plan(out)["predictor"]["artifacts"]["main"]), tmp_path)
-    assert counts["SkipSimplifiedLayerNormalization"] == 2 * layers * PREDICTOR_STEPS and counts["Add"] == 0
-    ref, test = _backends(snapshot, out)
-    greedy = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))
-    hidden = np.random.default_rng(5).standard_normal(test.hidden_size).astype(np.float32)
-    u = np.zeros(PREDICTOR_STEPS)
-    (c_ref, l_ref), (c_test, l_test) = (b.predictor_logits(hidden, 3, greedy, u) for b in (ref, test))
-    np.testing.assert_array_equal(np.asarray(c_test), np.asarray(c_ref))
-    _close(np.asarray(l_test), np.asarray(l_ref))

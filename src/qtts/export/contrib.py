@@ -5,8 +5,7 @@ Each is a ``torch.autograd.Function`` whose ``forward`` runs the core model's ow
 ``symbolic`` emits the fused onnxruntime kernel:
 
 * ``SimplifiedLayerNormalization`` (RMSNorm, fp32 statistics) for every RMSNorm, including the
-  per-head q/k norms (``com.microsoft::SkipSimplifiedLayerNormalization``, the residual Add fused
-  into the norm, is there but off: :data:`FUSED_SKIP_NORM`);
+  per-head q/k norms (the residual Add stays a node of its own: :func:`skip_rms_norm`);
 * ``com.microsoft::GroupQueryAttention`` (GQA) with RoPE inside (``do_rotary=1``, rotate-half),
   a ``[B, kv_heads, L, head_dim]`` past/present KV pair per layer, ``seqlens_k = pos + T - 1``
   and ``total_sequence_length = pos + T``. When the runtime binds the *same* buffer to past and
@@ -41,35 +40,13 @@ def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return _RMSNorm.apply(x, norm.weight, float(norm.eps))
 
 
-class _SkipRMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, skip, weight, eps: float):
-        s = x + skip
-        return _rms_norm(s, weight, eps), s
-
-    @staticmethod
-    def symbolic(g, x, skip, weight, eps: float):
-        out, _, _, s = g.op("com.microsoft::SkipSimplifiedLayerNormalization", x, skip, weight, epsilon_f=eps,
-                            outputs=4)  # fmt: skip
-        out.setType(x.type())
-        s.setType(x.type())
-        return out, s
-
-
-#: emit the residual Add + RMSNorm pairs as one ``SkipSimplifiedLayerNormalization``. Off: on the
-#: 2-core Zen 4 VM a chain of 100 fused nodes took 1.74-2.45 us CPU each against 1.30-2.35 us per Add +
-#: SimplifiedLayerNormalization pair (1 and 2 threads alike; docs/performance.md, "Fewer nodes"),
-#: and the fused kernel rounds differently (the unfused graph is bitwise the graph before it)
-FUSED_SKIP_NORM = False
-
-
 def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(x + skip), x + skip)``: a residual Add and the norm that reads it (one onnxruntime
-    ``SkipSimplifiedLayerNormalization`` kernel when :data:`FUSED_SKIP_NORM` is on)."""
-    if not FUSED_SKIP_NORM:
-        s = x + skip
-        return rms_norm(s, norm), s
-    return _SkipRMSNorm.apply(x, skip, norm.weight, float(norm.eps))
+    """``(rms_norm(x + skip), x + skip)``: a residual Add and the norm that reads it. Two nodes, not
+    onnxruntime's fused ``SkipSimplifiedLayerNormalization``: on the 2-core Zen 4 VM the fused kernel
+    was no faster (1.74-2.45 against 1.30-2.35 us CPU per pair) and rounds differently
+    (docs/performance.md, "Fewer nodes"; ``scripts/perf/node_cost.py`` measures both)."""
+    s = x + skip
+    return rms_norm(s, norm), s
 
 
 class _Reshape(torch.autograd.Function):

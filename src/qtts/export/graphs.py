@@ -2,7 +2,7 @@
 
 Each wrapper holds references to the core modules' weights (attribute paths == checkpoint keys)
 and re-expresses the forward pass with ONNX-friendly, fixed-rank ops; the onnxruntime contrib ops
-(RMSNorm, optionally with the residual Add fused in, GroupQueryAttention with RoPE and its KV
+(RMSNorm, GroupQueryAttention with RoPE and its KV
 I/O) and the constant-shape reshapes come from :mod:`qtts.export.contrib`. In torch (tracing,
 parity tests) they run the core model's own primitives (:mod:`qtts.model.layers`), so
 ``wrapper(...)`` equals the core model's ``forward`` up to float rounding; only the attention
@@ -10,8 +10,7 @@ kernel and the fused projections are written here.
 
 The decoder stack (:class:`FusedLayer`) leaves each layer's MLP output unsummed: the next norm
 adds the residual (:func:`~qtts.export.contrib.skip_rms_norm`), so a layer runs 19 onnxruntime
-nodes (4 norms, 2 Adds, 4 MatMul, GQA, 2 Split, 4 Reshape, SiLU, Mul; 17 with the fused norm) and
-no shape arithmetic.
+nodes (4 norms, 2 Adds, 4 MatMul, GQA, 2 Split, 4 Reshape, SiLU, Mul) and no shape arithmetic.
 
 Graphs:
 
