@@ -33,6 +33,10 @@ DEFAULT_RECIPES = (
     "int4, talker first4+last4 int8=--weights int4 --mix talker.first4=int8,talker.last4=int8",
     "int4, head + predictor heads 9-15 int8=--weights int4 --mix talker.head=int8,predictor.heads9-15=int8",
     "int4 awq+mse, predictor int8=--weights int4 --predictor-weights int8 --repair awq,mse",
+    "int8 rotate=--weights int8 --repair rotate",
+    "int4 rotate=--weights int4 --repair rotate",
+    "int4 rotate, talker attn int8=--weights int4 --mix talker.attn=int8 --repair rotate",
+    "int4 talker rotate, int8 predictor=--talker-weights int4 --predictor-weights int8 --repair rotate",
 )
 NOTE = ("Random weights test the method, not the real model; run `qtts verify plan` on your real weights "
         "(plus greedy-code agreement over a few sentences) to see these rows for the real model.")  # fmt: skip

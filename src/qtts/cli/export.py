@@ -85,8 +85,9 @@ def _export_onnx_arguments(p) -> None:
     p.add_argument("--predictor-weights", choices=PRECISIONS, help="override --weights for the predictor")
     p.add_argument("--mix", metavar="SEL=P,...", default="", help="per-group precisions over those, last rule wins, "
                    "e.g. talker.first2=int8,talker.attn=int8,predictor.heads9-15=int8 (docs/plan.md)")
-    p.add_argument("--repair", metavar="M[,M]", default="", help="4-bit repairs: awq (activation-aware scales "
-                   "folded into the norms), mse (fitted block scales), awq,mse (docs/fidelity.md)")
+    p.add_argument("--repair", metavar="M[,M]", default="", help="repairs of the quantized weights: awq (activation-aware "
+                   "scales folded into the norms), mse (fitted block scales), rotate (Hadamard-rotated residual stream and "
+                   "MLP: outlier channels spread), combined with commas, e.g. rotate,mse (docs/fidelity.md)")
     p.add_argument("--block-size", type=int, choices=(32, 64, 128), default=DEFAULT_BLOCK_SIZE,
                    help=f"MatMulNBits block size (default {DEFAULT_BLOCK_SIZE}: fastest; 32: most faithful)")
     p.add_argument("--tables", choices=TABLE_STORAGES, default="fp32",

@@ -23,7 +23,7 @@ import torch
 
 from ..config import PREDICTOR_STEPS
 from .contrib import rope_tables
-from .graphs import PredictorFrameGraph, TalkerGraph, _run_layers, kv_names, pick_in_graph
+from .graphs import PredictorFrameGraph, TalkerGraph, kv_names, pick_in_graph
 from .write import export_graph
 
 PREDICTOR_INPUTS = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
@@ -44,7 +44,7 @@ class PredictorFrameBatchGraph(PredictorFrameGraph):
             t = x.shape[1]
             seqlens = torch.zeros_like(code0, dtype=torch.int32) + (pos + t - 1)
             total = torch.tensor(pos + t, dtype=torch.int32)
-            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin, step.norm)
+            h, pasts = step.run(x, pasts, seqlens, total, self.cos, self.sin)
             logits = torch.matmul(h[:, -1], step.heads[j])
             code = pick_in_graph(logits, uniforms[:, j : j + 1], temperature, top_k, top_p, do_sample)
             codes.append(code)
@@ -54,7 +54,7 @@ class PredictorFrameBatchGraph(PredictorFrameGraph):
         return torch.stack(codes, dim=1)
 
 
-def export_talker_batch(talker, path: str) -> dict:
+def export_talker_batch(talker, path: str, rotate: bool = False) -> dict:
     """The talker graph with a dynamic batch axis; returns its manifest description."""
     cfg = talker.cfg
     n, b, t, kv_len = cfg.num_hidden_layers, 2, 1, 8
@@ -68,13 +68,13 @@ def export_talker_batch(talker, path: str) -> dict:
            "sin_cache": {0: "kv_len"}, "logits": {0: "B"}, "hidden": {0: "B"}}  # fmt: skip
     dyn.update({name: {0: "B", 2: "kv_len"} for name in inputs[5:] + presents})
     export_graph(
-        TalkerGraph(talker).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True
+        TalkerGraph(talker, rotate=rotate).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True
     )
     return {"inputs": inputs[:5] + [f"past_{{key,value}}_0..{n - 1}"], "outputs": ["logits", "hidden"],
             "kv": ["B", cfg.num_key_value_heads, "kv_len", cfg.head_dim], "layers": n}  # fmt: skip
 
 
-def export_predictor_batch(talker, path: str, table_dtype=None) -> dict:
+def export_predictor_batch(talker, path: str, table_dtype=None, rotate: bool = False) -> dict:
     """The fused predictor frame for ``B`` streams (its codec tables in ``table_dtype``, as the
     one-stream frame graph's); returns its manifest description."""
     b, hidden = 2, talker.cfg.hidden_size
@@ -88,17 +88,18 @@ def export_predictor_batch(talker, path: str, table_dtype=None) -> dict:
         "codes": {0: "B"},
     }
     export_graph(
-        PredictorFrameBatchGraph(talker, table_dtype=table_dtype).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
+        PredictorFrameBatchGraph(talker, table_dtype=table_dtype, rotate=rotate).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
     )
     return {"inputs": PREDICTOR_INPUTS, "outputs": ["codes"]}
 
 
-def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None) -> dict:
+def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None, rotate: bool = False) -> dict:
     """Both batch graphs into ``out``, quantized like the one-stream graphs; ``precision``: component ->
     precision label (in the file name), ``quantize(path, component) -> settings``. Returns component -> {artifact, io, quantization}."""
     written = {}
-    predictor = functools.partial(export_predictor_batch, table_dtype=table_dtype)
-    for name, export in (("talker", export_talker_batch), ("predictor", predictor)):
+    predictor = functools.partial(export_predictor_batch, table_dtype=table_dtype, rotate=rotate)
+    talker_fn = functools.partial(export_talker_batch, rotate=rotate)
+    for name, export in (("talker", talker_fn), ("predictor", predictor)):
         if name not in precision:
             continue
         fname = f"{name}.batch.{precision[name]}.onnx"

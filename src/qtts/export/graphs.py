@@ -57,6 +57,7 @@ class FusedLayer(nn.Module):
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.q_norm, self.k_norm = att.q_norm, att.k_norm
         self.intermediate = mlp.gate_proj.weight.shape[0]
+        self.mid_rotation = None  # a HadamardRotation of the MLP intermediate (qtts.export.rotate)
 
     def forward(self, x, skip, past_k, past_v, seqlens_k, total_len, cos, sin):
         """``x + skip`` (``skip``: the previous layer's MLP output, None for the first layer) through
@@ -77,7 +78,10 @@ class FusedLayer(nn.Module):
         h, x = skip_rms_norm(x, torch.matmul(att, self.o), self.post_attention_layernorm)
         gu = torch.matmul(h, self.gate_up)
         gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
-        return x, torch.matmul(swiglu(gate, up), self.down), pk, pv
+        act = swiglu(gate, up)
+        if self.mid_rotation is not None:
+            act = self.mid_rotation(act)
+        return x, torch.matmul(act, self.down), pk, pv
 
 
 def fused_layers(layers, cfg) -> nn.ModuleList:
@@ -102,39 +106,64 @@ def kv_names(num_layers: int, prefix: str) -> list[str]:
 
 class TalkerGraph(nn.Module):
     """Talker prefill/step: ``(embeds [1,T,H], seqlens_k [1] i32, total_len [] i32, cos, sin, *past)``
-    -> ``(logits [1,vocab], hidden [1,H], *present)`` for the last of the ``T`` positions."""
+    -> ``(logits [1,vocab], hidden [1,H], *present)`` for the last of the ``T`` positions.
+    ``rotate``: the Hadamard-rotated weights of :mod:`qtts.export.rotate` (same inputs and outputs)."""
 
-    def __init__(self, talker: nn.Module):
+    def __init__(self, talker: nn.Module, rotate: bool = False):
         super().__init__()
         self.cfg = talker.cfg
         self.layers = fused_layers(talker.model.layers, self.cfg)
         self.norm = talker.model.norm
         self.head = nn.Parameter(talker.codec_head.weight.detach().t().contiguous(), requires_grad=False)
+        self.rotation = None
+        if rotate:
+            from .rotate import UnitNorm, reads, rotate_stack
+
+            self.rotation, q = rotate_stack(self.layers, self.cfg.hidden_size)
+            self.head = nn.Parameter(reads(self.head, q, self.norm.weight), requires_grad=False)
+            self.gain = nn.Parameter(self.norm.weight.detach().float().clone(), requires_grad=False)
+            self.norm = UnitNorm(self.norm)
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
-        h, presents = _run_layers(self.layers, embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
-        hidden = h[:, -1]  # [1, H]
-        return (torch.matmul(hidden, self.head), hidden, *presents)
+        x = embeds if self.rotation is None else self.rotation(embeds)
+        h, presents = _run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
+        if self.rotation is None:
+            hidden = h[:, -1]  # [1, H]
+            return (torch.matmul(hidden, self.head), hidden, *presents)
+        last = h[:, -1:]  # [1, 1, H], rotated and without the final norm's gain
+        hidden = (self.rotation.inverse(last) * self.gain)[:, 0]
+        return (torch.matmul(last, self.head)[:, 0], hidden, *presents)
 
 
 class PredictorStepGraph(nn.Module):
     """One predictor call: ``(embeds [1,T,H_talker], seqlens_k, total_len, cos, sin, *past)``
     -> ``(logits_0 .. logits_14 [1,2048], *present)`` of the last position."""
 
-    def __init__(self, predictor: nn.Module):
+    def __init__(self, predictor: nn.Module, rotate: bool = False):
         super().__init__()
         self.cfg = predictor.cfg
         self.proj = predictor.small_to_mtp_projection
         self.layers = fused_layers(predictor.model.layers, self.cfg)
         self.norm = predictor.model.norm
-        self.heads = nn.ParameterList(
-            nn.Parameter(h.weight.detach().t().contiguous(), requires_grad=False) for h in predictor.lm_head
-        )
+        heads = [h.weight.detach().t().contiguous() for h in predictor.lm_head]
+        self.rotation = None
+        if rotate:
+            from .rotate import UnitNorm, reads, rotate_stack
+
+            self.rotation, q = rotate_stack(self.layers, self.cfg.hidden_size)
+            heads = [reads(w, q, self.norm.weight) for w in heads]
+            self.norm = UnitNorm(self.norm)
+        self.heads = nn.ParameterList(nn.Parameter(w, requires_grad=False) for w in heads)
+
+    def run(self, embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache):
+        """The projection, the (rotated) stack and the final norm -> (normed rows, presents)."""
+        x = self.proj(embeds)
+        if self.rotation is not None:
+            x = self.rotation(x)
+        return _run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
-        h, presents = _run_layers(
-            self.layers, self.proj(embeds), pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm
-        )
+        h, presents = self.run(embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache)
         hidden = h[:, -1]
         return (*[torch.matmul(hidden, w) for w in self.heads], *presents)
 
@@ -182,13 +211,13 @@ class PredictorFrameGraph(nn.Module):
     top_p [1], do_sample [1] bool) -> (codes [15] i64, logits [15, vocab])``. The 17-slot caches live
     inside the graph; the runtime fetches only ``codes``, ``qtts verify plan`` the logits too."""
 
-    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2, table_dtype=None):
+    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2, table_dtype=None, rotate: bool = False):
         """``table_dtype``: storage of the in-graph codec tables (fp32 default; float16 halves them,
-        each gathered row is cast back to fp32)."""
+        each gathered row is cast back to fp32); ``rotate``: :mod:`qtts.export.rotate`."""
         super().__init__()
         predictor = talker.code_predictor
         self.cfg = cfg = predictor.cfg
-        self.step = PredictorStepGraph(predictor)
+        self.step = PredictorStepGraph(predictor, rotate=rotate)
         dtype = table_dtype or torch.float32
         self.codec0 = nn.Parameter(talker.model.codec_embedding.weight.detach().to(dtype), requires_grad=False)
         self.tables = nn.ParameterList(
@@ -210,7 +239,7 @@ class PredictorFrameGraph(nn.Module):
             t = 2 if j == 0 else 1  # python ints: every pass's positions are static (no Shape ops)
             seqlens = torch.tensor([pos + t - 1], dtype=torch.int32)
             total = torch.tensor(pos + t, dtype=torch.int32)
-            h, pasts = _run_layers(step.layers, step.proj(x), pasts, seqlens, total, self.cos, self.sin, step.norm)
+            h, pasts = step.run(x, pasts, seqlens, total, self.cos, self.sin)
             logits = torch.matmul(h[:, -1:] if t > 1 else h, step.heads[j])  # [1, 1, vocab]
             code = pick_in_graph(logits, u[j : j + 1], temperature, top_k, top_p, do_sample)  # [1, 1]
             codes.append(code)

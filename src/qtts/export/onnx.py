@@ -69,8 +69,9 @@ class ExportOptions:
     #: per-group precision rules over talker / predictor (``--mix``, :mod:`qtts.export.recipe`), e.g.
     #: "talker.first2=int8,predictor.heads9-15=int8"; "" = every weight at its component's precision
     mix: str = ""
-    #: real-weight repairs of the quantized weights: "awq" (activation-aware scales folded into the
-    #: preceding norm / projection, :mod:`qtts.export.awq`), "mse" (fitted block scales), "awq,mse"
+    #: real-weight repairs of the quantized weights, comma-separated: "awq" (activation-aware scales
+    #: folded into the preceding norm / projection, :mod:`qtts.export.awq`), "mse" (fitted block
+    #: scales), "rotate" (Hadamard-rotated residual stream and MLP, :mod:`qtts.export.rotate`)
     repair: str = ""
 
 
@@ -98,8 +99,8 @@ def _io(inputs, outputs, cfg, kv_len) -> dict:
             "kv": [1, cfg.num_key_value_heads, kv_len, cfg.head_dim], "layers": n}  # fmt: skip
 
 
-def export_talker(talker, path: str) -> dict:
-    """Talker prefill/step graph; returns its description for the manifest."""
+def export_talker(talker, path: str, rotate: bool = False) -> dict:
+    """Talker prefill/step graph (``rotate``: :mod:`qtts.export.rotate`); returns its description for the manifest."""
     import torch
 
     from .graphs import TalkerGraph
@@ -108,11 +109,12 @@ def export_talker(talker, path: str) -> dict:
     args, inputs, presents = _kv_args(cfg, 8, torch.zeros(1, 3, cfg.hidden_size), 3)
     dyn = {"embeds": {1: "T"}, "cos_cache": {0: "kv_len"}, "sin_cache": {0: "kv_len"}}
     dyn.update({name: {2: "kv_len"} for name in inputs[5:] + presents})
-    export_graph(TalkerGraph(talker).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True)
+    graph = TalkerGraph(talker, rotate=rotate).eval()
+    export_graph(graph, args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True)
     return _io(inputs, ["logits", "hidden"], cfg, "kv_len")
 
 
-def export_predictor_step(talker, path: str) -> dict:
+def export_predictor_step(talker, path: str, rotate: bool = False) -> dict:
     import torch
 
     from .graphs import PredictorStepGraph
@@ -120,12 +122,12 @@ def export_predictor_step(talker, path: str) -> dict:
     cfg = talker.code_predictor.cfg
     args, inputs, presents = _kv_args(cfg, PREDICTOR_SLOTS, torch.zeros(1, 2, talker.cfg.hidden_size), 2)
     heads = [f"logits_{j}" for j in range(PREDICTOR_STEPS)]
-    graph = PredictorStepGraph(talker.code_predictor).eval()
+    graph = PredictorStepGraph(talker.code_predictor, rotate=rotate).eval()
     export_graph(graph, args, path, inputs, [*heads, *presents], {"embeds": {1: "T"}}, contrib=True)
     return _io(inputs, heads, cfg, PREDICTOR_SLOTS)
 
 
-def export_predictor_frame(talker, path: str, table_dtype=None) -> dict:
+def export_predictor_frame(talker, path: str, table_dtype=None, rotate: bool = False) -> dict:
     import torch
 
     from .graphs import PredictorFrameGraph
@@ -133,7 +135,7 @@ def export_predictor_frame(talker, path: str, table_dtype=None) -> dict:
     args = (torch.zeros(1, talker.cfg.hidden_size), torch.zeros(1, dtype=torch.int64), torch.zeros(PREDICTOR_STEPS),
             torch.ones(1), torch.ones(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.bool))  # fmt: skip
     inputs = ["hidden", "code0", "uniforms", "temperature", "top_k", "top_p", "do_sample"]
-    graph = PredictorFrameGraph(talker, table_dtype=table_dtype).eval()
+    graph = PredictorFrameGraph(talker, table_dtype=table_dtype, rotate=rotate).eval()
     export_graph(graph, args, path, inputs, ["codes", "logits"], {}, contrib=True)
     return {"inputs": inputs, "outputs": ["codes", "logits"]}
 
@@ -182,6 +184,7 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None, reci
     from .recipe import file_label, for_talker
 
     recipe = recipe or for_talker(talker, opts.talker, opts.predictor, opts.mix, opts.repair)
+    rotate = "rotate" in recipe.repair
     plan, meta = {}, {}
     _phase(progress, "tables")
     files = write_tables(talker, out, opts.tables)
@@ -191,13 +194,14 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None, reci
     if "talker" in opts.components:
         _phase(progress, "talker")
         name = f"talker.{file_label(recipe, 'talker', talker)}.onnx"
-        plan["talker"], io, q = _quantized(export_talker, talker, out, name, "talker", recipe, opts)
+        fn = functools.partial(export_talker, rotate=rotate)
+        plan["talker"], io, q = _quantized(fn, talker, out, name, "talker", recipe, opts)
         meta["talker"] = _graph_meta(cfg, io=io, quantization=q)
     if "predictor" in opts.components:
         _phase(progress, "predictor")
         mode = opts.predictor_mode
-        fn = functools.partial(export_predictor_frame, table_dtype=_graph_tables(opts))
-        fn = fn if mode == "frame" else export_predictor_step
+        fn = functools.partial(export_predictor_frame, table_dtype=_graph_tables(opts), rotate=rotate)
+        fn = fn if mode == "frame" else functools.partial(export_predictor_step, rotate=rotate)
         name = f"predictor.{mode}.{file_label(recipe, 'predictor', talker)}.onnx"
         plan["predictor"], io, q = _quantized(fn, talker, out, name, "predictor", recipe, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
@@ -229,7 +233,8 @@ def _batch_graphs(talker, out: str, opts: ExportOptions, plan: dict, meta: dict,
     def quantize(path: str, component: str) -> dict:
         return quantize_file(path, component, recipe, opts.block_size)
 
-    written = export_batch_graphs(talker, out, precision, quantize, table_dtype=_graph_tables(opts))
+    written = export_batch_graphs(talker, out, precision, quantize, table_dtype=_graph_tables(opts),
+                                  rotate="rotate" in recipe.repair)  # fmt: skip
     for name, info in written.items():
         plan[name]["artifacts"]["batch"] = info["artifact"]
         meta[name]["batch"] = {"io": info["io"], "quantization": info["quantization"]}

@@ -28,7 +28,7 @@ from ..errors import InputError
 
 PRECISIONS = ("fp32", "int8", "int4")
 BITS = {"fp32": 32, "int8": 8, "int4": 4}
-REPAIRS = ("awq", "mse")
+REPAIRS = ("awq", "mse", "rotate")
 COMPONENTS = ("talker", "predictor")
 KINDS = ("qkv", "o", "gate_up", "down")
 _KIND_SETS = {"attn": ("qkv", "o"), "mlp": ("gate_up", "down"), **{k: (k,) for k in KINDS}}
@@ -159,11 +159,11 @@ def parse_rules(text: str | None) -> tuple[Rule, ...]:
 
 
 def parse_repair(text: str | None) -> tuple[str, ...]:
-    """``"awq,mse"`` -> ("awq", "mse"); ``None`` / ``"none"`` -> ()."""
+    """``"awq,mse"`` -> ("awq", "mse"); ``None`` / ``"none"`` -> (); methods combine (``rotate,mse``)."""
     items = [x.strip() for x in (text or "").split(",") if x.strip() and x.strip() != "none"]
     bad = [x for x in items if x not in REPAIRS]
     if bad:
-        raise InputError(f"--repair: unknown method '{bad[0]}'; use awq, mse, awq,mse or none")
+        raise InputError(f"--repair: unknown method '{bad[0]}'; use awq, mse, rotate, a comma-separated combination (rotate,mse) or none")
     return tuple(r for r in REPAIRS if r in items)
 
 

@@ -1,0 +1,133 @@
+"""Hadamard rotations of the talker and predictor graphs (``--repair rotate``), QuaRot-style.
+
+Trained LLMs carry a few outlier channels (norm gains and activations 10-100x the rest) and
+heavy-tailed weight rows. A 4- or 8-bit block quantizer spends its levels on those few values and
+rounds the rest coarsely, and the kernel's int8 activations (``accuracy_level`` 4) do the same per
+block of activations. An orthogonal rotation ``Q`` of the space a weight reads spreads every outlier
+over all channels of its block (and averages heavy tails toward a Gaussian) while computing the same
+function in fp32:
+
+* **residual stream** (size ``H``): ``x' = x Q``. Each RMSNorm commutes with ``Q`` once its gain is
+  folded into the projections that read it (``||x Q|| = ||x||``), so a projection reading the normed
+  stream becomes ``W' = Q^T diag(g) W`` (q/k/v, gate/up, the heads) and one writing into the stream
+  ``W' = W Q`` (o, down). The graph rotates its input embeddings once on entry; the talker hands the
+  predictor its hidden state rotated back (``x' Q^T``, then the final norm's gain): every input and
+  output of the graphs, the KV caches included (keys and values are unchanged), stays as it was.
+* **MLP intermediate** (size ``I``): ``silu(gate) * up`` is rotated by ``R`` before ``down``, whose
+  weight becomes ``R^T down``: outlier channels of the intermediate (large ``up_proj`` rows) no
+  longer dominate the down projection's activation blocks.
+
+``Q = diag(s) H / sqrt(n)`` with fixed random signs ``s`` (a seeded generator: exports are
+deterministic) and ``H`` the Sylvester-Hadamard matrix, block diagonal over blocks of the largest
+power of two dividing ``n`` (1024 for 3072). In the graph a block is applied as two small matrix
+products (``H_p = H_a (x) H_b``, ``p = a b``): a few nodes and ~2 ``n sqrt(p)`` multiply-adds per row,
+no stored ``n x n`` matrix. Both products have the constant as their *left* operand, so the
+quantizer (which rewrites ``MatMul`` nodes whose right operand is a weight) leaves them in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .contrib import reshape_tail
+
+SEED = 20261202  # the signs of every rotation derive from it and the rotated size
+
+
+def _sylvester(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def factors(n: int) -> tuple[int, int, int]:
+    """``n = m * a * b`` with ``a * b`` the largest power of two dividing ``n`` and ``a <= b``."""
+    p = n & -n
+    if p < 2:
+        raise ValueError(f"no Hadamard rotation for an odd size {n}")
+    a = 1 << (p.bit_length() - 1) // 2
+    return n // p, a, p // a
+
+
+class HadamardRotation(nn.Module):
+    """``x [B, T, n] -> x Q`` (:meth:`forward`) and ``x Q^T`` (:meth:`inverse`); see the module doc."""
+
+    def __init__(self, n: int, seed: int = SEED):
+        super().__init__()
+        self.n = n
+        self.m, a, b = factors(n)
+        signs = np.random.default_rng(seed + n).integers(0, 2, n) * 2 - 1
+        self.register_buffer("signs", torch.tensor(signs, dtype=torch.float32))
+        self.register_buffer("ha", (_sylvester(a) / math.sqrt(a)).float())
+        self.register_buffer("hb", (_sylvester(b) / math.sqrt(b)).float())
+
+    def _hadamard(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.ha.shape[0], self.hb.shape[0]
+        y = torch.matmul(self.ha, reshape_tail(x, self.m, a, b))  # H_a on the rows of each [a, b] block
+        y = torch.matmul(self.hb, y.transpose(-1, -2)).transpose(-1, -2)  # H_b on its columns
+        return reshape_tail(y, self.n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._hadamard(x * self.signs)
+
+    def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return self._hadamard(x) * self.signs
+
+    def matrix(self) -> torch.Tensor:
+        """The dense ``Q [n, n]`` in float64 (for the weight transforms and the tests)."""
+        eye = torch.eye(self.n, dtype=torch.float64)
+        a, b = self.ha.shape[0], self.hb.shape[0]
+        x = (eye * self.signs.double()).reshape(self.n, self.m, a, b)
+        y = torch.matmul(self.ha.double(), x)
+        y = torch.matmul(self.hb.double(), y.transpose(-1, -2)).transpose(-1, -2)
+        return y.reshape(self.n, self.n)
+
+
+class UnitNorm(nn.Module):
+    """An RMSNorm whose gain was folded into the projections after it (weight all ones)."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.eps = float(norm.eps)
+        self.register_buffer("weight", torch.ones_like(norm.weight.detach(), dtype=torch.float32))
+
+
+def reads(w: torch.Tensor, q: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection ``[in, out]`` reading a rotated, gain-folded input: ``Q^T diag(gain) W``."""
+    w64 = w.detach().double()
+    if gain is not None:
+        w64 = gain.detach().double()[:, None] * w64
+    return (q.T @ w64).float().contiguous()
+
+
+def writes(w: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A projection ``[in, out]`` writing into the rotated stream: ``W Q``."""
+    return (w.detach().double() @ q).float().contiguous()
+
+
+def rotate_layer(layer: nn.Module, q: torch.Tensor) -> None:
+    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place (residual ``q``; its own MLP rotation)."""
+    mid = HadamardRotation(layer.intermediate)
+    r = mid.matrix()
+    with torch.no_grad():
+        layer.qkv = nn.Parameter(reads(layer.qkv, q, layer.input_layernorm.weight), requires_grad=False)
+        layer.o = nn.Parameter(writes(layer.o, q), requires_grad=False)
+        layer.gate_up = nn.Parameter(reads(layer.gate_up, q, layer.post_attention_layernorm.weight), requires_grad=False)
+        layer.down = nn.Parameter(writes(reads(layer.down, r), q), requires_grad=False)
+    layer.input_layernorm = UnitNorm(layer.input_layernorm)
+    layer.post_attention_layernorm = UnitNorm(layer.post_attention_layernorm)
+    layer.mid_rotation = mid
+
+
+def rotate_stack(layers: nn.ModuleList, hidden: int) -> tuple[HadamardRotation, torch.Tensor]:
+    """Rotate every layer of a decoder stack; returns the residual rotation and its dense ``Q``."""
+    rot = HadamardRotation(hidden)
+    q = rot.matrix()
+    for layer in layers:
+        rotate_layer(layer, q)
+    return rot, q
