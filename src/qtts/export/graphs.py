@@ -57,7 +57,7 @@ class FusedLayer(nn.Module):
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.q_norm, self.k_norm = att.q_norm, att.k_norm
         self.intermediate = mlp.gate_proj.weight.shape[0]
-        self.mid_rotation = None  # a HadamardRotation of the MLP intermediate (qtts.export.rotate)
+        self.mid_rotation = None  # the MLP intermediate's HadamardRotation (qtts.export.rotate; signs in up)
 
     def forward(self, x, skip, past_k, past_v, seqlens_k, total_len, cos, sin):
         """``x + skip`` (``skip``: the previous layer's MLP output, None for the first layer) through
@@ -80,7 +80,7 @@ class FusedLayer(nn.Module):
         gate, up = gu[..., : self.intermediate], gu[..., self.intermediate :]
         act = swiglu(gate, up)
         if self.mid_rotation is not None:
-            act = self.mid_rotation(act)
+            act = self.mid_rotation.hadamard(act)
         return x, torch.matmul(act, self.down), pk, pv
 
 
@@ -121,7 +121,8 @@ class TalkerGraph(nn.Module):
 
             self.rotation, q = rotate_stack(self.layers, self.cfg.hidden_size)
             self.head = nn.Parameter(reads(self.head, q, self.norm.weight), requires_grad=False)
-            self.gain = nn.Parameter(self.norm.weight.detach().float().clone(), requires_grad=False)
+            gain = self.norm.weight.detach().float() * self.rotation.signs  # the inverse's signs, then the gain
+            self.register_buffer("gain", gain.clone())
             self.norm = UnitNorm(self.norm)
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
@@ -131,7 +132,7 @@ class TalkerGraph(nn.Module):
             hidden = h[:, -1]  # [1, H]
             return (torch.matmul(hidden, self.head), hidden, *presents)
         last = h[:, -1:]  # [1, 1, H], rotated and without the final norm's gain
-        hidden = (self.rotation.inverse(last) * self.gain)[:, 0]
+        hidden = (self.rotation.hadamard(last) * self.gain)[:, 0]
         return (torch.matmul(last, self.head)[:, 0], hidden, *presents)
 
 

@@ -127,7 +127,7 @@ def quantize_graph(model, component: str, recipe: Recipe, block: int, level: int
     done, nodes, counts = {}, [], {}
     for node in graph.node:
         init = _constant(node.input[1], inits, producers) if node.op_type == "MatMul" else None
-        if init is None or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
+        if init is None or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT or _rotation(init.name):
             nodes.append(node)
             continue
         precision = recipe.precision(weight_id(component, init.name))
@@ -151,6 +151,11 @@ def quantize_graph(model, component: str, recipe: Recipe, block: int, level: int
     if counts and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return {"quantized_matmuls": sum(counts.values()), "matmuls_by_precision": counts}
+
+
+def _rotation(name: str) -> bool:
+    """A Hadamard factor of ``--repair rotate`` (:mod:`qtts.export.rotate`): a constant, not a weight."""
+    return "rotation." in name
 
 
 def _live(nodes: list, graph) -> list:
@@ -211,7 +216,7 @@ def streamed_weights(path: str) -> dict:
         if node.op_type not in ("MatMul", "MatMulNBits"):
             continue
         init = _constant(node.input[1], inits, producers)
-        if init is None:
+        if init is None or _rotation(init.name):
             continue
         tensors = [init] + ([inits[node.input[2]]] if node.op_type == "MatMulNBits" else [])
         b = sum(int(np.prod(t.dims)) * size.get(t.data_type, 4) for t in tensors)

@@ -20,9 +20,11 @@ function in fp32:
 ``Q = diag(s) H / sqrt(n)`` with fixed random signs ``s`` (a seeded generator: exports are
 deterministic) and ``H`` the Sylvester-Hadamard matrix, block diagonal over blocks of the largest
 power of two dividing ``n`` (1024 for 3072). In the graph a block is applied as two small matrix
-products (``H_p = H_a (x) H_b``, ``p = a b``): a few nodes and ~2 ``n sqrt(p)`` multiply-adds per row,
-no stored ``n x n`` matrix. Both products have the constant as their *left* operand, so the
-quantizer (which rewrites ``MatMul`` nodes whose right operand is a weight) leaves them in fp32.
+products (``H_p = H_a (x) H_b``, ``p = a b``: ``X -> H_a X H_b`` on each ``[a, b]`` view of the row),
+four nodes (two reshapes) and ~2 ``n sqrt(p)`` multiply-adds per row, no stored ``n x n`` matrix; the
+quantizer keeps these constants in fp32 (their names hold ``rotation``). The MLP rotation's signs are
+folded into the ``up_proj`` columns (``silu(gate) * up`` is linear in ``up``), the hidden output's into
+the final norm's gain: only the input rotation has a ``Mul`` of its own.
 """
 
 from __future__ import annotations
@@ -66,26 +68,23 @@ class HadamardRotation(nn.Module):
         self.register_buffer("ha", (_sylvester(a) / math.sqrt(a)).float())
         self.register_buffer("hb", (_sylvester(b) / math.sqrt(b)).float())
 
-    def _hadamard(self, x: torch.Tensor) -> torch.Tensor:
+    def hadamard(self, x: torch.Tensor) -> torch.Tensor:
+        """``x H / sqrt(n)`` (no signs): ``H_a`` on the rows and ``H_b`` on the columns of each ``[a, b]`` block."""
         a, b = self.ha.shape[0], self.hb.shape[0]
-        y = torch.matmul(self.ha, reshape_tail(x, self.m, a, b))  # H_a on the rows of each [a, b] block
-        y = torch.matmul(self.hb, y.transpose(-1, -2)).transpose(-1, -2)  # H_b on its columns
-        return reshape_tail(y, self.n)
+        y = torch.matmul(self.ha, reshape_tail(x, self.m, a, b))
+        return reshape_tail(torch.matmul(y, self.hb), self.n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._hadamard(x * self.signs)
+        return self.hadamard(x * self.signs)
 
     def inverse(self, x: torch.Tensor) -> torch.Tensor:
-        return self._hadamard(x) * self.signs
+        return self.hadamard(x) * self.signs
 
     def matrix(self) -> torch.Tensor:
         """The dense ``Q [n, n]`` in float64 (for the weight transforms and the tests)."""
-        eye = torch.eye(self.n, dtype=torch.float64)
         a, b = self.ha.shape[0], self.hb.shape[0]
-        x = (eye * self.signs.double()).reshape(self.n, self.m, a, b)
-        y = torch.matmul(self.ha.double(), x)
-        y = torch.matmul(self.hb.double(), y.transpose(-1, -2)).transpose(-1, -2)
-        return y.reshape(self.n, self.n)
+        x = torch.diag(self.signs.double()).reshape(self.n, self.m, a, b)
+        return (self.ha.double() @ x @ self.hb.double()).reshape(self.n, self.n)
 
 
 class UnitNorm(nn.Module):
@@ -111,13 +110,16 @@ def writes(w: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def rotate_layer(layer: nn.Module, q: torch.Tensor) -> None:
-    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place (residual ``q``; its own MLP rotation)."""
+    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place (residual ``q``; its own MLP rotation,
+    whose signs go into the ``up`` columns: the graph applies only its Hadamard part)."""
     mid = HadamardRotation(layer.intermediate)
     r = mid.matrix()
+    signs = torch.cat([torch.ones_like(mid.signs), mid.signs])  # gate columns unchanged, up columns * s
     with torch.no_grad():
         layer.qkv = nn.Parameter(reads(layer.qkv, q, layer.input_layernorm.weight), requires_grad=False)
         layer.o = nn.Parameter(writes(layer.o, q), requires_grad=False)
-        layer.gate_up = nn.Parameter(reads(layer.gate_up, q, layer.post_attention_layernorm.weight), requires_grad=False)
+        gate_up = reads(layer.gate_up, q, layer.post_attention_layernorm.weight) * signs
+        layer.gate_up = nn.Parameter(gate_up.contiguous(), requires_grad=False)
         layer.down = nn.Parameter(writes(reads(layer.down, r), q), requires_grad=False)
     layer.input_layernorm = UnitNorm(layer.input_layernorm)
     layer.post_attention_layernorm = UnitNorm(layer.post_attention_layernorm)
