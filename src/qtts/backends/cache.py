@@ -57,14 +57,19 @@ class Preset:
     tables: str
     #: MatMulNBits block size (128: the fastest; docs/fidelity.md for what it costs)
     block_size: int = 128
+    #: repairs of the quantized weights (``qtts export onnx --repair``): "rotate" = Hadamard-rotated
+    #: graphs (qtts.export.rotate), which spread real weights' outlier channels before quantizing
+    repair: str = ""
     #: one line for ``qtts cache ls`` and the docs
     summary: str = ""
 
 
 PRESETS = {
     "faithful": Preset("fp32", "fp32", "fp32", summary="fp32 ONNX: the torch reference's codes, faster"),
-    "fast": Preset("int8", "int8", "int8", summary="int8 weights (block 128), int8 tables: the default"),
-    "fastest": Preset("int4", "int4", "int8", summary="int4 weights (block 128): fails the fidelity gate, opt-in"),
+    "fast": Preset("int8", "int8", "int8", repair="rotate",
+                   summary="int8 weights (block 128, Hadamard-rotated), int8 tables: the default"),
+    "fastest": Preset("int4", "int4", "int8", repair="rotate",
+                      summary="int4 weights (block 128, Hadamard-rotated): fails the fidelity gate, opt-in"),
 }
 #: the preset the rule in docs/fidelity.md picks: the fastest one whose teacher-forced talker and
 #: predictor logits stay >= 25 dB at full size and that streams at RTF <= 0.9 on a 2-core CPU
@@ -353,5 +358,6 @@ def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
     p = PRESETS[preset]
     info = {"preset": preset, "model": snapshot, "fingerprint": fingerprint(snapshot), "qtts_version": __version__,
             "format": FORMAT, "onnxruntime": runtime_version()}  # fmt: skip
-    options = {"talker": p.talker, "predictor": p.predictor, "block_size": p.block_size, "tables": p.tables}
+    options = {"talker": p.talker, "predictor": p.predictor, "block_size": p.block_size, "tables": p.tables,
+               "repair": p.repair}  # fmt: skip
     return run_child(snapshot, out, options, info, os.path.join(out, INFO), f"the '{preset}' plan", listeners)
