@@ -60,6 +60,20 @@ def built(tiny_snapshot, tmp_path_factory):
     return snapshot, root, plan.path
 
 
+def test_the_default_plan_is_rotated_int8_and_keeps_its_fidelity(built):
+    """The default preset as built (int8, Hadamard-rotated, int8 tables) against the torch fp32 reference
+    on the tiny checkpoint: the default rule's 25 dB on both logit SNRs (one run: talker 38.8, predictor
+    34.7 dB min; at full size 31.6 / 30.0 dB, docs/fidelity.md) and the fp32 vocoder's 80 dB."""
+    from qtts.export.verify import verify_plan
+
+    snapshot, _root, plan_path = built
+    report = verify_plan(snapshot, plan_path, frames=12, threads=1)
+    assert report["weights"]["recipe"]["repair"] == ["rotate"], report["weights"]
+    assert report["talker_logit_snr_db_min"] >= 25.0, report
+    assert report["predictor_logit_snr_db_min"] >= 25.0, report
+    assert report["vocoder_snr_db"] >= 80.0, report
+
+
 @pytest.fixture
 def auto(monkeypatch, tmp_path):
     """No QTTS_PLAN, an empty cache of this test's own; returns the cache root."""

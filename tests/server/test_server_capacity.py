@@ -108,9 +108,11 @@ def test_capacity_gauges_report_the_margins_of_the_active_streams():
     assert capacity_gauges(m, _Sched(), object())["margin_s"] == []
 
 
-def test_the_start_up_probe_measures_between_one_and_the_batch_size(engine):
+def test_the_start_up_probe_measures_between_one_and_the_batch_size(engine, caplog):
     assert measure_capacity(engine, ProbeOptions(frames=4, rtf_limit=1e9)) == engine.max_batch
+    assert "even one stream" not in caplog.text
     assert measure_capacity(engine, ProbeOptions(frames=4, rtf_limit=0.0)) == 1  # at least one stream
+    assert "even one stream runs at RTF" in caplog.text  # and the log says that one is not real time
 
 
 @pytest.mark.parametrize("kind,layout", [("base", "0.6b"), ("voice_design", "1.7b")])

@@ -95,6 +95,11 @@ def measure_capacity(tts, opts: ProbeOptions | None = None) -> int:
             worst = max(level_rtfs(probe, k, opts.frames))
             log.warning("capacity probe: %d stream(s) at once, worst RTF %.2f", k, worst)
             if worst > opts.rtf_limit:
+                if k == 1:
+                    log.warning("capacity probe: even one stream runs at RTF %.2f here (> %.2f): every listener "
+                                "will wait for audio; serving one stream at a time. A faster CPU, a smaller "
+                                "checkpoint or --plan fastest changes that (docs/server.md, Capacity)",
+                                worst, opts.rtf_limit)  # fmt: skip
                 break
             held = k
     finally:
