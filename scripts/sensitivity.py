@@ -77,7 +77,7 @@ def measure(model: str, levels: list, positions: int, seed: int) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", action="append", required=True, help="checkpoint folder (repeatable)")
-    ap.add_argument("--snr", action="append", type=float, help="weight SNR in dB (repeatable; default 19.5 and 43)")
+    ap.add_argument("--snr", action="append", type=float, help="weight SNR dB (repeatable; default 19.5, 43)")
     ap.add_argument("--positions", type=int, default=32, help="input rows per run (default 32)")
     ap.add_argument("--seed", type=int, default=0)
     opts = ap.parse_args(argv)

@@ -90,14 +90,16 @@ def test_rotated_graphs_compute_the_plain_graphs(talker):
     cos, sin = rope_tables(16, cfg.head_dim, cfg.rope_theta)
     past = [torch.zeros(1, cfg.num_key_value_heads, 16, cfg.head_dim) for _ in range(2 * cfg.num_hidden_layers)]
     emb = torch.from_numpy(np.random.default_rng(1).standard_normal((1, t, cfg.hidden_size)).astype(np.float32))
-    args = (emb * 0.05, torch.tensor([t - 1], dtype=torch.int32), torch.tensor(t, dtype=torch.int32), cos, sin, *past)
+    lengths = (torch.tensor([t - 1], dtype=torch.int32), torch.tensor(t, dtype=torch.int32))
+    args = (emb * 0.05, *lengths, cos, sin, *past)
     with torch.no_grad():
         plain, rotated = TalkerGraph(talker)(*args), TalkerGraph(talker, rotate=True)(*args)
         for a, b in zip(plain, rotated):  # logits, hidden, every present key and value
             _close(a, b)
         frame = (plain[1], torch.tensor([3]), torch.rand(15), torch.ones(1), torch.tensor([50]), torch.ones(1),
                  torch.zeros(1, dtype=torch.bool))  # fmt: skip
-        (codes, logits), (rcodes, rlogits) = PredictorFrameGraph(talker)(*frame), PredictorFrameGraph(talker, rotate=True)(*frame)
+        codes, logits = PredictorFrameGraph(talker)(*frame)
+        rcodes, rlogits = PredictorFrameGraph(talker, rotate=True)(*frame)
     assert torch.equal(codes, rcodes)
     _close(logits, rlogits)
     assert TalkerGraph(talker, rotate=True).layers[0].input_layernorm.weight.eq(1).all()  # gains folded

@@ -351,3 +351,14 @@ def test_hostile_uploads(base):
         assert_healthy(url)
     assert not outside.exists()
     assert sorted(os.listdir(base.voices_dir)) == []  # no temp files left behind
+
+
+def test_made_up_http_methods_do_not_grow_the_metrics(cv):
+    """Every distinct request method was a new label set of qtts_requests_total: a client sending made-up
+    methods could grow /metrics (and the server's memory) without bound. Unknown methods count as OTHER."""
+    with httpx.Client(base_url=cv.url) as client:
+        for i in range(40):
+            assert client.request(f"X{i}", "/v1/audio/speech").status_code in (400, 404, 405, 501)
+    text = httpx.get(cv.url + "/metrics").text
+    assert 'method="X' not in text
+    assert metric(cv.url, "qtts_requests_total", route="/v1/audio/speech", method="OTHER", status="405") >= 40

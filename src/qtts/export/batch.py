@@ -67,9 +67,8 @@ def export_talker_batch(talker, path: str, rotate: bool = False) -> dict:
     dyn = {"embeds": {0: "B", 1: "T"}, "seqlens_k": {0: "B"}, "cos_cache": {0: "kv_len"},
            "sin_cache": {0: "kv_len"}, "logits": {0: "B"}, "hidden": {0: "B"}}  # fmt: skip
     dyn.update({name: {0: "B", 2: "kv_len"} for name in inputs[5:] + presents})
-    export_graph(
-        TalkerGraph(talker, rotate=rotate).eval(), args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True
-    )
+    graph = TalkerGraph(talker, rotate=rotate).eval()
+    export_graph(graph, args, path, inputs, ["logits", "hidden", *presents], dyn, contrib=True)
     return {"inputs": inputs[:5] + [f"past_{{key,value}}_0..{n - 1}"], "outputs": ["logits", "hidden"],
             "kv": ["B", cfg.num_key_value_heads, "kv_len", cfg.head_dim], "layers": n}  # fmt: skip
 
@@ -87,13 +86,13 @@ def export_predictor_batch(talker, path: str, table_dtype=None, rotate: bool = F
         "do_sample": {0: "B"},
         "codes": {0: "B"},
     }
-    export_graph(
-        PredictorFrameBatchGraph(talker, table_dtype=table_dtype, rotate=rotate).eval(), args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True
-    )
+    graph = PredictorFrameBatchGraph(talker, table_dtype=table_dtype, rotate=rotate).eval()
+    export_graph(graph, args, path, PREDICTOR_INPUTS, ["codes"], dyn, contrib=True)
     return {"inputs": PREDICTOR_INPUTS, "outputs": ["codes"]}
 
 
-def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None, rotate: bool = False) -> dict:
+def export_batch_graphs(talker, out: str, precision: dict, quantize, table_dtype=None,
+                        rotate: bool = False) -> dict:  # fmt: skip
     """Both batch graphs into ``out``, quantized like the one-stream graphs; ``precision``: component ->
     precision label (in the file name), ``quantize(path, component) -> settings``. Returns component -> {artifact, io, quantization}."""
     written = {}

@@ -212,7 +212,8 @@ class PredictorFrameGraph(nn.Module):
     top_p [1], do_sample [1] bool) -> (codes [15] i64, logits [15, vocab])``. The 17-slot caches live
     inside the graph; the runtime fetches only ``codes``, ``qtts verify plan`` the logits too."""
 
-    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2, table_dtype=None, rotate: bool = False):
+    def __init__(self, talker: nn.Module, max_len: int = PREDICTOR_STEPS + 2, table_dtype=None,
+                 rotate: bool = False):  # fmt: skip
         """``table_dtype``: storage of the in-graph codec tables (fp32 default; float16 halves them,
         each gathered row is cast back to fp32); ``rotate``: :mod:`qtts.export.rotate`."""
         super().__init__()

@@ -100,7 +100,7 @@ def _io(inputs, outputs, cfg, kv_len) -> dict:
 
 
 def export_talker(talker, path: str, rotate: bool = False) -> dict:
-    """Talker prefill/step graph (``rotate``: :mod:`qtts.export.rotate`); returns its description for the manifest."""
+    """Talker prefill/step graph (``rotate``: :mod:`qtts.export.rotate`); returns its manifest description."""
     import torch
 
     from .graphs import TalkerGraph

@@ -69,7 +69,7 @@ class HadamardRotation(nn.Module):
         self.register_buffer("hb", (_sylvester(b) / math.sqrt(b)).float())
 
     def hadamard(self, x: torch.Tensor) -> torch.Tensor:
-        """``x H / sqrt(n)`` (no signs): ``H_a`` on the rows and ``H_b`` on the columns of each ``[a, b]`` block."""
+        """``x H / sqrt(n)`` (no signs): ``H_a`` on the rows, ``H_b`` on the columns of each ``[a, b]`` block."""
         a, b = self.ha.shape[0], self.hb.shape[0]
         y = torch.matmul(self.ha, reshape_tail(x, self.m, a, b))
         return reshape_tail(torch.matmul(y, self.hb), self.n)

@@ -34,6 +34,9 @@ from .origin import OriginPolicy
 access_log = logging.getLogger("qtts.server.access")
 #: use with ``fullmatch`` (``$`` would also match before a final newline)
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: request methods counted by name in qtts_requests_total; any other (a client may send any token) is
+#: "OTHER", so made-up methods cannot grow the metrics' label sets without bound
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
 #: (method, path) -> the content type the route parses, and how to send it
 CONTENT_TYPES = {
     ("POST", "/v1/audio/speech"): ("application/json", "send a JSON object with Content-Type: application/json"),
@@ -188,12 +191,14 @@ class AccessMiddleware:
         route_path = getattr(route, "path", None) or (scope["path"] if known else "unmatched")
         status = info["status"] or 499  # 499: the client went away before any response
         m = self.state.metrics
-        m.requests.inc(route=route_path, method=scope["method"], status=str(status))
+        method = scope["method"] if scope["method"] in METHODS else "OTHER"
+        m.requests.inc(route=route_path, method=method, status=str(status))
         if status >= 500:
             m.errors.inc(route=route_path, kind=str(status))
         if not self.state.settings.access_log:
             return
-        record = {"request_id": rid, "method": scope["method"], "path": scope["path"], "route": route_path,
+        record = {"request_id": rid, "method": scope["method"][:32], "path": scope["path"][:200],
+                  "route": route_path,
                   "status": status, "duration_ms": round(1000 * (time.perf_counter() - t0), 1),
                   "bytes_sent": info["bytes"]}
         client = scope.get("client")
