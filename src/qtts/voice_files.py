@@ -20,6 +20,7 @@ import os
 import stat
 import struct
 import threading
+from collections import OrderedDict
 
 from .errors import InputError
 
@@ -100,11 +101,14 @@ def voice_from_bytes(data: bytes, name: str):
 
 
 class VoiceFileCache:
-    """Loaded voices by path, valid while the file's identity is unchanged; thread-safe."""
+    """Loaded voices by path, valid while the file's identity is unchanged; thread-safe. At most
+    ``max_entries`` are kept (the least recently used go first): files removed or renamed on disk
+    behind the server's back never grow it without bound."""
 
-    def __init__(self, loader=None):
+    def __init__(self, loader=None, max_entries: int = 256):
         self.loader = loader  # path -> Voice (tests); default: read the open file's bytes
-        self._cache: dict[str, tuple[tuple, object]] = {}
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[tuple, object]] = OrderedDict()
         self._lock = threading.Lock()
 
     def load(self, path: str):
@@ -115,8 +119,9 @@ class VoiceFileCache:
             key = _key(st)
             with self._lock:
                 hit = self._cache.get(path)
-            if hit is not None and hit[0] == key:
-                return hit[1]
+                if hit is not None and hit[0] == key:
+                    self._cache.move_to_end(path)
+                    return hit[1]
             name = os.path.basename(path)
             try:
                 if self.loader is not None:  # reads the path again: it may have changed since the open
@@ -129,6 +134,9 @@ class VoiceFileCache:
             os.close(fd)
         with self._lock:
             self._cache[path] = (key, voice)
+            self._cache.move_to_end(path)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
         return voice
 
     def forget(self, path: str) -> None:

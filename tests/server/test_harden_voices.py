@@ -134,3 +134,19 @@ def test_the_file_cache_reads_real_voice_files_by_identity(tmp_path):
     os.replace(path + ".new", path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert float(cache.load(path).speaker[0]) == 2.0
+
+
+def test_the_file_cache_is_bounded(tmp_path):
+    """Voice files that come and go on disk (never deleted through the API) are not kept for ever:
+    the cache holds at most max_entries, least recently used out first."""
+    from qtts.voice import Voice
+    from qtts.voice_files import VoiceFileCache
+
+    cache = VoiceFileCache(max_entries=5)
+    for i in range(10):
+        path = str(tmp_path / f"v{i}.voice")
+        Voice(speaker=np.full(8, float(i), np.float32), model_type="base", model_size="0.6b", name="n").save(path)
+        cache.load(path)
+        if i == 5:
+            cache.load(str(tmp_path / "v2.voice"))  # v2 is used again: it outlives v3 .. v5
+    assert [os.path.basename(p) for p in cache._cache] == ["v2.voice", "v6.voice", "v7.voice", "v8.voice", "v9.voice"]
