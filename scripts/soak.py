@@ -30,6 +30,7 @@ Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import json
 import os
@@ -68,8 +69,25 @@ def parse_args(argv=None):
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
     p.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples")
     p.add_argument("--attackers", action="store_true", help="add one hostile client of each kind (docstring)")
+    p.add_argument("--tracemalloc", type=int, metavar="N", default=0,
+                   help="in-process server: trace Python allocations from the warm-up of the last phase and report "
+                        "the N source lines holding the most memory once every client has gone (slows the server)")
     p.add_argument("--json", help="write the report as JSON here")
     return p.parse_args(argv)
+
+
+def growth_snapshot(top: int, first=None):
+    """tracemalloc: the first call starts tracing and returns a snapshot, the second (``first`` = that
+    snapshot; taken after the clients and attackers have gone) the ``top`` lines whose memory is still
+    held, as "file:line +KiB (+blocks)"."""
+    import tracemalloc
+
+    if first is None:
+        tracemalloc.start(1)
+        return tracemalloc.take_snapshot()
+    stats = tracemalloc.take_snapshot().compare_to(first, "lineno")
+    return [f"{st.traceback[0].filename}:{st.traceback[0].lineno} {st.size_diff / 1024:+.0f} KiB "
+            f"({st.count_diff:+d} blocks)" for st in stats[:top]]  # fmt: skip
 
 
 def check_loopback(url: str) -> str:
@@ -291,6 +309,9 @@ def run(args) -> dict:
         host, port = urlparse(url).hostname, urlparse(url).port
         attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
                                 wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
+    traced: dict = {}
+    if args.tracemalloc and not args.url:  # tracing starts after the warm-up of the last phase
+        threading.Timer(args.warmup * args.duration, lambda: traced.update(start=growth_snapshot(0))).start()
     soak.run_phase("attack" if args.attackers else "run", args.duration)
     wall = time.monotonic() - t0
     stop.set()
@@ -311,6 +332,11 @@ def run(args) -> dict:
         health = httpx.get(url + "/health").json()
     else:
         soak.record("errors", f"after the run the batch still holds {health.get('batch_active')} stream(s)")
+    grown = None
+    if "start" in traced:  # every client and attacker is gone: what is still held since the warm-up
+        time.sleep(2.0)
+        gc.collect()
+        grown = growth_snapshot(args.tracemalloc, traced["start"])
     stop_server()
     after = [rss for t, rss in samples if t >= args.warmup * wall]
     baseline = after[0] if after else (samples[0][1] if samples else None)
@@ -321,6 +347,8 @@ def run(args) -> dict:
               "rss_baseline_mb": None if baseline is None else round(baseline, 1),
               "rss_growth_mb": None if growth is None else round(growth, 1), "rss_bound_mb": args.rss_bound_mb,
               "rss_phase_growth_mb": round(in_attack[-1] - in_attack[0], 1) if in_attack else None, **attacks}
+    if grown is not None:
+        report["tracemalloc_growth"] = grown
     for phase in soak.ttfa:
         prefix = "baseline_" if phase == "baseline" else ""
         report.update(_percentiles(prefix + "ttfa_s", soak.ttfa[phase]), **_percentiles(prefix + "rtf", soak.rtf[phase]))
@@ -375,6 +403,8 @@ def main(argv=None) -> int:
               f"last phase after its warm-up {report['rss_phase_growth_mb']} MB")
     failed = report["errors"] > 0 or (report["rss_growth_mb"] or 0) > args.rss_bound_mb
     failed = failed or not all(report["bounds"].values())
+    for line in report.get("tracemalloc_growth", []):
+        print("soak: still held, allocated since the warm-up:", line)
     print("soak: FAIL" if failed else "soak: PASS")
     return 1 if failed else 0
 

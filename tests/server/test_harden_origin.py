@@ -14,7 +14,7 @@ from qtts.errors import InputError
 from qtts.server import ServerSettings
 from support import ws_raw
 from support.server_fakes import FakeTTS
-from support.server_util import assert_error, start_server, wav_bytes
+from support.server_util import assert_error, start_server, wait_for, wav_bytes
 
 EVIL = "http://evil.example"
 
@@ -94,3 +94,25 @@ def test_wildcard_bind_and_allow_lists(tmp_path):
 def test_api_json_is_nosniff(srv):
     for r in (httpx.get(srv.url + "/v1/models"), httpx.get(srv.url + "/nope"), speak(srv)):
         assert r.headers["x-content-type-options"] == "nosniff", r.url
+
+
+def test_closed_websockets_are_freed_at_once(srv):
+    """A finished session scheduled a write-deadline timer that kept its protocol (and every message
+    queued in it) alive for write_timeout + close_timeout seconds after the client had gone: under a
+    connection churn that is a thousand dead connections held (scripts/soak.py --tracemalloc). Now the
+    timer is cancelled when the connection is lost."""
+    import gc
+    import json as _json
+
+    from qtts.server.protocol import GuardedWebSocketProtocol
+
+    def live() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, GuardedWebSocketProtocol) and o.disconnected)
+
+    before = live()
+    for _ in range(20):
+        with connect(srv.ws, open_timeout=10) as ws:
+            ws.send(_json.dumps({"type": "nonsense"}))
+            ws.recv(timeout=10)
+    assert wait_for(lambda: live() <= before, 5.0), f"{live() - before} closed WebSocket protocols still held"

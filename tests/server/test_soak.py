@@ -54,9 +54,11 @@ def test_soak_reports_both_phases(tiny_snapshot, tmp_path):
     out = tmp_path / "soak.json"
     rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--baseline", "2", "--duration", "2",
                     "--streams", "2", "--max-frames", "4", "--workers", "1", "--capacity", "1", "--sample-every", "1",
-                    "--bound-factor", "1000", "--rss-bound-mb", "100", "--json", str(out)])
+                    "--bound-factor", "1000", "--rss-bound-mb", "100", "--tracemalloc", "5", "--json", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0 and report["errors"] == 0, report
+    held = report["tracemalloc_growth"]  # --tracemalloc: what is still held once every client has gone
+    assert 0 < len(held) <= 5 and all(":" in line and "KiB" in line for line in held), held
     for key in ("baseline_ttfa_s_p95", "baseline_rtf_p95", "ttfa_s_p95", "rtf_p95"):
         assert report[key] > 0, key
     assert report["bounds"] == {"ttfa_s": True, "rtf": True}

@@ -194,9 +194,13 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._ping_rate, self._ping_burst = rate, 2 * rate
         self._ping_tokens, self._ping_at = 2 * rate, time.monotonic()
         self._reading_held = False  # reading paused because the send buffer is full
+        self._reap_timer = None  # aborts a finished session's socket that never drains (run_asgi)
 
     def connection_lost(self, exc) -> None:
         self._cancel_write()
+        if self._reap_timer is not None:  # a pending timer holds this protocol (and its queue) alive
+            self._reap_timer.cancel()
+            self._reap_timer = None
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -227,9 +231,12 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().run_asgi()
         # the session is over; a client that never reads its last frames (or the close) would keep
         # the socket open while the transport waits to flush: abort it after the write deadline
-        self.loop.call_later(self.state.settings.write_timeout_s + self.close_timeout, self._reap)
+        if not self.disconnected:
+            self._reap_timer = self.loop.call_later(self.state.settings.write_timeout_s + self.close_timeout,
+                                                    self._reap)  # fmt: skip
 
     def _reap(self) -> None:
+        self._reap_timer = None
         if not self.disconnected:
             self._write_timeout()
 
