@@ -86,6 +86,7 @@ def growth_snapshot(top: int, first=None):
         tracemalloc.start(1)
         return tracemalloc.take_snapshot()
     stats = tracemalloc.take_snapshot().compare_to(first, "lineno")
+    tracemalloc.stop()  # the soak may run inside a longer process (the tests)
     return [f"{st.traceback[0].filename}:{st.traceback[0].lineno} {st.size_diff / 1024:+.0f} KiB "
             f"({st.count_diff:+d} blocks)" for st in stats[:top]]  # fmt: skip
 
