@@ -73,7 +73,10 @@ def parse_args(argv=None):
                    help="in-process server: trace Python allocations from the warm-up of the last phase and report "
                         "the N source lines holding the most memory once every client has gone (slows the server)")
     p.add_argument("--json", help="write the report as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.tracemalloc and args.url:
+        p.error("--tracemalloc traces the in-process server; drop --url (or --tracemalloc)")
+    return args
 
 
 def growth_snapshot(top: int, first=None):
@@ -311,7 +314,7 @@ def run(args) -> dict:
         attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
                                 wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
     traced: dict = {}
-    if args.tracemalloc and not args.url:  # tracing starts after the warm-up of the last phase
+    if args.tracemalloc:  # tracing starts after the warm-up of the last phase
         threading.Timer(args.warmup * args.duration, lambda: traced.update(start=growth_snapshot(0))).start()
     soak.run_phase("attack" if args.attackers else "run", args.duration)
     wall = time.monotonic() - t0

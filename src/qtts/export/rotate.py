@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .contrib import reshape_tail
 
 SEED = 20261202  # the signs of every rotation derive from it and the rotated size
@@ -51,7 +52,7 @@ def factors(n: int) -> tuple[int, int, int]:
     """``n = m * a * b`` with ``a * b`` the largest power of two dividing ``n`` and ``a <= b``."""
     p = n & -n
     if p < 2:
-        raise ValueError(f"no Hadamard rotation for an odd size {n}")
+        raise InputError(f"no Hadamard rotation for an odd size {n}; export this checkpoint without --repair rotate")
     a = 1 << (p.bit_length() - 1) // 2
     return n // p, a, p // a
 
@@ -109,11 +110,9 @@ def writes(w: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (w.detach().double() @ q).float().contiguous()
 
 
-def rotate_layer(layer: nn.Module, q: torch.Tensor) -> None:
-    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place (residual ``q``; its own MLP rotation,
-    whose signs go into the ``up`` columns: the graph applies only its Hadamard part)."""
-    mid = HadamardRotation(layer.intermediate)
-    r = mid.matrix()
+def rotate_layer(layer: nn.Module, q: torch.Tensor, mid: HadamardRotation, r: torch.Tensor) -> None:
+    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place: residual ``q``, MLP rotation ``mid``
+    (dense ``r``), whose signs go into the ``up`` columns: the graph applies only its Hadamard part."""
     signs = torch.cat([torch.ones_like(mid.signs), mid.signs])  # gate columns unchanged, up columns * s
     with torch.no_grad():
         layer.qkv = nn.Parameter(reads(layer.qkv, q, layer.input_layernorm.weight), requires_grad=False)
@@ -130,6 +129,10 @@ def rotate_stack(layers: nn.ModuleList, hidden: int) -> tuple[HadamardRotation, 
     """Rotate every layer of a decoder stack; returns the residual rotation and its dense ``Q``."""
     rot = HadamardRotation(hidden)
     q = rot.matrix()
+    mids: dict = {}  # one rotation (and one dense matrix) per intermediate size, shared by the layers
     for layer in layers:
-        rotate_layer(layer, q)
+        if layer.intermediate not in mids:
+            mid = HadamardRotation(layer.intermediate)
+            mids[layer.intermediate] = (mid, mid.matrix())
+        rotate_layer(layer, q, *mids[layer.intermediate])
     return rot, q
