@@ -21,7 +21,7 @@ from .errors import ERROR_RESPONSES, ApiError, public_message
 from .formats import MEDIA_TYPES, open_format
 from .responses import JobStreamingResponse
 from .voices import engine_speakers, is_voice_id
-from .worker import Job
+from .worker import Job, address
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -289,8 +289,9 @@ async def create_speech(req: SpeechRequest, request: Request):
                       instruct=req.instruct or req.instructions or None, language=req.language,
                       options=_options(req, state.settings),
                       frame_cap=req.max_frames or state.settings.max_frames, t0=t0, stats=stats)
-    slot = await state.scheduler.acquire_unless(request.is_disconnected)
-    job = Job(state.scheduler, slot, _produce(plan, state.metrics))
+    owner = address(request)
+    slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=owner)
+    job = Job(state.scheduler, slot, _produce(plan, state.metrics), owner)
     job.start()
     try:
         first = await job.next()

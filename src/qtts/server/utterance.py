@@ -20,7 +20,7 @@ from ..text.sentences import sentence_end
 from .errors import ApiError, public_message
 from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, capped_chunk, speakable
 from .speech import _engine_error, _record, _with_cancel
-from .worker import Job
+from .worker import Job, address
 
 #: how often a speaking utterance checks whether its text input should end (seconds)
 CHECK_S = 0.1
@@ -74,7 +74,7 @@ class Utterances:
         utt = Utterance(later=self.utterances > 0)
         self.queued = True
         try:
-            slot = await self._race(self.state.scheduler.acquire(later=utt.later))
+            slot = await self._race(self.state.scheduler.acquire(later=utt.later, owner=address(self.ws)))
         except ApiError as exc:
             raise SessionError(exc.code, exc.message, BUSY) from None
         finally:
@@ -86,7 +86,7 @@ class Utterances:
         self._give(text)
         if self.done:
             utt.close()
-        self.job = Job(self.state.scheduler, slot, produce(self, utt, voice, speaker, options))
+        self.job = Job(self.state.scheduler, slot, produce(self, utt, voice, speaker, options), address(self.ws))
         self.job.start()
         try:
             await self._forward(utt)

@@ -22,6 +22,7 @@ from ..voice import ReferenceTooLong, check_reference_header
 from .aliases import effective_table
 from .errors import ERROR_RESPONSES, ApiError
 from .voices import check_voice_id, engine_speakers, remove_quietly
+from .worker import address
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -126,14 +127,15 @@ def _clean_ref_text(ref_text: str | None) -> str | None:
         raise ApiError(400, str(exc), "invalid_value", "ref_text") from None
 
 
-async def _run_on_worker(state, slot, voice_id: str, upload: str, suffix: str, ref_text: str | None) -> None:
+async def _run_on_worker(state, slot, owner: str, voice_id: str, upload: str, suffix: str,
+                         ref_text: str | None) -> None:
     """Run ``_create_voice`` on the worker of ``slot``. Whatever happens, ``_finish`` (the done
     callback) frees the slot, the name and the temporary files, even if this request is
     cancelled while the worker still runs."""
     scheduler, store = state.scheduler, state.store
 
     def _finish(_fut=None) -> None:
-        scheduler.release(slot)
+        scheduler.release(slot, owner)
         store.unreserve(voice_id)
         remove_quietly(upload, upload + suffix)
 
@@ -169,12 +171,12 @@ async def create_voice(
     try:
         await _save_upload(file, upload, state.settings.max_upload_bytes)
         suffix = await asyncio.to_thread(_probe_upload, upload)  # refused before it holds a slot
-        slot = await state.scheduler.acquire_unless(request.is_disconnected)  # 429, 503, 499
+        slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=address(request))  # 429/503/499
     except BaseException:
         store.unreserve(voice_id)
         remove_quietly(upload)
         raise
-    await _run_on_worker(state, slot, voice_id, upload, suffix, ref_text)
+    await _run_on_worker(state, slot, address(request), voice_id, upload, suffix, ref_text)
     request.scope.setdefault("state", {}).setdefault("access", {})["voice_id"] = voice_id
     return {"id": voice_id, "object": "voice", "type": "voice", "created_at": int(time.time()),
             "ref_text": ref_text}

@@ -3,10 +3,17 @@
 * :class:`Scheduler` hands out *slots*. A slot is one engine handle; a job holds it while its
   worker thread runs, so at most ``max_concurrency`` generations run at once. When every slot is
   busy, up to ``max_queue`` requests wait; one more gets 429 with ``Retry-After``. Waiters are
-  served first come, first served, except that a *later* waiter (a live session's next
+  served in arrival order, except that a *later* waiter (a live session's next
   utterance: its listener already has audio) goes after every *first* waiter (a new request, a
-  session's first utterance) until it has waited ``PROMOTE_S``. All scheduler state lives on the
-  event-loop thread; workers give slots back through ``loop.call_soon_threadsafe``.
+  session's first utterance) until it has waited ``PROMOTE_S``.
+  **Fair share by client address** (the ``owner`` of a waiter): among the waiters the rule above
+  lets go, a freed slot goes to the address that holds the fewest slots now, then to the one that
+  held slots for the fewest seconds lately (decaying with ``SHARE_TAU_S``), then first come, first
+  served; so one address with many requests never makes another address wait behind all of them.
+  When the queue is full, a newcomer from an address with nothing queued takes the place of the
+  newest waiter of the address with the most queued (at least 2; that waiter gets the 429), so one
+  address cannot fill the queue for everyone. All scheduler state lives on the event-loop thread;
+  workers give slots back through ``loop.call_soon_threadsafe``.
 * :class:`Job` runs a blocking producer (the engine's ``stream()`` plus the format writer) on a worker
   thread and passes its byte chunks to the event loop through an ``asyncio.Queue``. ``cancel()``
   sets a flag the worker checks between chunks; it then closes the producer, which closes the
@@ -34,13 +41,60 @@ log = logging.getLogger(__name__)
 
 #: a later waiter (a live session's next utterance) that waited this long is served like a first one
 PROMOTE_S = 5.0
+#: time constant (s) of an address's recent slot-seconds, the second key of the fair share
+SHARE_TAU_S = 60.0
+#: the owner of a slot taken without an address (tests, internal callers)
+NOBODY = "-"
 
 
 @dataclass(eq=False)
 class _Waiter:
     fut: asyncio.Future
     later: bool
+    owner: str = NOBODY
     since: float = field(default_factory=time.monotonic)
+
+
+def address(conn) -> str:
+    """The client address of a Starlette request or WebSocket (the fair share's owner)."""
+    client = getattr(conn, "client", None)
+    return client.host if client else NOBODY
+
+
+class Shares:
+    """Per client address: slots held now and slot-seconds held lately (an exponential decay with
+    time constant SHARE_TAU_S). Addresses that hold nothing and have decayed away are dropped, so
+    the table stays as small as the set of recent clients."""
+
+    def __init__(self):
+        self._held: dict[str, list[float]] = {}  # owner -> start times of the slots it holds
+        self._used: dict[str, tuple[float, float]] = {}  # owner -> (slot-seconds, at time)
+
+    def take(self, owner: str) -> None:
+        self._held.setdefault(owner, []).append(time.monotonic())
+
+    def give(self, owner: str) -> None:
+        starts = self._held.get(owner)
+        if not starts:
+            return
+        now = time.monotonic()
+        held_s = now - starts.pop(0)  # the pairing does not change the sum of the seconds
+        if not starts:
+            del self._held[owner]
+        self._used[owner] = (self.used(owner, now) + held_s, now)
+        self._prune(now)
+
+    def used(self, owner: str, now: float) -> float:
+        value, at = self._used.get(owner, (0.0, now))
+        return value * math.exp(-(now - at) / SHARE_TAU_S)
+
+    def key(self, owner: str, now: float) -> tuple[int, float]:
+        """Smaller is served first."""
+        return len(self._held.get(owner, ())), self.used(owner, now)
+
+    def _prune(self, now: float) -> None:
+        for owner in [o for o in self._used if o not in self._held and self.used(o, now) < 0.01]:
+            del self._used[owner]
 
 
 class Scheduler:
@@ -55,6 +109,7 @@ class Scheduler:
         self.queue_timeout_s = queue_timeout_s
         self.metrics = metrics
         self._avg_job_s = 1.0  # moving average, for Retry-After
+        self.shares = Shares()
         self.executor = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="qtts-worker")
 
     @property
@@ -77,23 +132,28 @@ class Scheduler:
         self.metrics.queue_depth.set(self.queue_depth)
         self.metrics.in_flight.set(self.in_flight)
 
-    async def acquire(self, later: bool = False):
+    def _busy(self) -> ApiError:
+        return ApiError(
+            429,
+            f"server busy: {self.capacity} generation(s) running and {self.queue_depth} waiting "
+            f"(max_queue={self.max_queue}); retry after the Retry-After seconds",
+            "queue_full",
+            headers={"Retry-After": str(self.retry_after())},
+        )
+
+    async def acquire(self, later: bool = False, owner: str = NOBODY):
         """A free slot; waits in the queue, or raises ApiError 429 (queue full) / 503 (timeout).
-        ``later``: a live session's next utterance (served after first waiters, module docstring)."""
+        ``later``: a live session's next utterance (served after first waiters, module docstring);
+        ``owner``: the client address (the fair share). Give the slot back with the same owner."""
         if self._free and self.queue_depth == 0:
             slot = self._free.pop()
+            self.shares.take(owner)
             self._gauges()
             return slot
-        if self.queue_depth >= self.max_queue:
-            raise ApiError(
-                429,
-                f"server busy: {self.capacity} generation(s) running and {self.queue_depth} waiting "
-                f"(max_queue={self.max_queue}); retry after the Retry-After seconds",
-                "queue_full",
-                headers={"Retry-After": str(self.retry_after())},
-            )
+        if self.queue_depth >= self.max_queue and not self._make_room(owner):
+            raise self._busy()
         fut = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(fut, later)
+        waiter = _Waiter(fut, later, owner)
         self._waiters.append(waiter)
         self._gauges()
         t0 = time.perf_counter()
@@ -104,7 +164,7 @@ class Scheduler:
                            "queue_timeout", headers={"Retry-After": str(self.retry_after())}) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result())
+                self.release(fut.result(), owner)
             raise
         finally:
             if waiter in self._waiters and fut.done():
@@ -113,12 +173,32 @@ class Scheduler:
         self.metrics.queue_wait.observe(time.perf_counter() - t0)
         return slot
 
-    async def acquire_unless(self, gone: Callable[[], Awaitable[bool]], poll_s: float = 0.25, later: bool = False):
+    def _make_room(self, owner: str) -> bool:
+        """The queue is full: if ``owner`` has nothing queued, refuse (429) the newest waiter of the
+        address with the most queued, when that is 2 or more. True when a place was made."""
+        live = [w for w in self._waiters if not w.fut.done()]
+        per: dict[str, list[_Waiter]] = {}
+        for w in live:
+            per.setdefault(w.owner, []).append(w)
+        if owner in per or not per:
+            return False
+        crowd = max(per.values(), key=len)
+        if len(crowd) < 2:
+            return False
+        victim = crowd[-1]
+        self._waiters.remove(victim)
+        victim.fut.set_exception(self._busy())
+        log.info("queue full: a request from %s takes the place of the newest of %d from %s",
+                 owner, len(crowd), victim.owner)
+        return True
+
+    async def acquire_unless(self, gone: Callable[[], Awaitable[bool]], poll_s: float = 0.25, later: bool = False,
+                             owner: str = NOBODY):
         """Like :meth:`acquire`, but a request whose client left while queued (``await gone()``)
         gives up its place: ApiError 499, and no generation is started for it."""
         if self._free and self.queue_depth == 0:
-            return await self.acquire(later)
-        task = asyncio.ensure_future(self.acquire(later))
+            return await self.acquire(later, owner)
+        task = asyncio.ensure_future(self.acquire(later, owner))
         handed_over = False
         try:
             while True:
@@ -130,9 +210,9 @@ class Scheduler:
                     raise ApiError(499, "the client closed the connection while queued", "client_closed")
         finally:
             if not handed_over:
-                await self._drop(task)
+                await self._drop(task, owner)
 
-    async def _drop(self, task: asyncio.Future) -> None:
+    async def _drop(self, task: asyncio.Future, owner: str) -> None:
         """Cancel a pending acquire; a slot it obtained anyway goes back to the pool."""
         if not task.done():
             task.cancel()
@@ -140,24 +220,29 @@ class Scheduler:
             slot = await task
         except (asyncio.CancelledError, ApiError):
             return
-        self.release(slot)
+        self.release(slot, owner)
 
-    def release(self, slot) -> None:
+    def release(self, slot, owner: str = NOBODY) -> None:
+        """Give back a slot that ``owner`` took."""
+        self.shares.give(owner)
         waiter = self._next_waiter()
         if waiter is not None:
             self._waiters.remove(waiter)
+            self.shares.take(waiter.owner)
             waiter.fut.set_result(slot)
         else:
             self._free.append(slot)
         self._gauges()
 
     def _next_waiter(self) -> _Waiter | None:
-        """The oldest first waiter (or later one that waited PROMOTE_S), else the oldest later one."""
+        """Among the first waiters (and later ones that waited PROMOTE_S), else among the later
+        ones: the one whose address has the smallest share, then the oldest (module docstring)."""
         while self._waiters and self._waiters[0].fut.done():
             self._waiters.popleft()
         now = time.monotonic()
         live = [w for w in self._waiters if not w.fut.done()]
-        return next((w for w in live if not w.later or now - w.since >= PROMOTE_S), live[0] if live else None)
+        due = [w for w in live if not w.later or now - w.since >= PROMOTE_S] or live
+        return min(due, key=lambda w: (*self.shares.key(w.owner, now), w.since), default=None)
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -167,9 +252,10 @@ class Job:
     """One producer run on a worker thread; ``await next()`` yields ("data", bytes), ("end", None)
     or ("error", exception)."""
 
-    def __init__(self, scheduler: Scheduler, slot, produce: Callable[[object, threading.Event], Iterator[bytes]]):
+    def __init__(self, scheduler: Scheduler, slot, produce: Callable[[object, threading.Event], Iterator[bytes]],
+                 owner: str = NOBODY):
         self.scheduler = scheduler
-        self.slot = slot
+        self.slot, self.owner = slot, owner
         self._produce = produce
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue = asyncio.Queue()
@@ -181,7 +267,7 @@ class Job:
         try:
             self.scheduler.executor.submit(self._run)
         except RuntimeError:  # executor shut down: the server is stopping
-            self.scheduler.release(self.slot)
+            self.scheduler.release(self.slot, self.owner)
             raise ApiError(503, "server is shutting down", "shutting_down") from None
 
     def cancel(self) -> None:
@@ -205,7 +291,7 @@ class Job:
 
     def _finished(self) -> None:
         self.scheduler.note_duration(time.perf_counter() - self.started)
-        self.scheduler.release(self.slot)
+        self.scheduler.release(self.slot, self.owner)
         if not self.done.done():
             self.done.set_result(None)
 
