@@ -2,8 +2,8 @@
 """Bounded soak test of the qtts HTTP server: N concurrent streams for a fixed time, loopback only.
 
 Starts a server in this process on a model snapshot (default: a freshly written tiny random
-checkpoint) or talks to ``--url`` (127.0.0.1 / ::1 / localhost only). N client threads send
-speech requests back to back until ``--duration`` seconds or ``--max-requests`` are reached.
+checkpoint) or talks to ``--url`` (127.0.0.1 / ::1 / localhost only). N client threads, each from
+an address of its own (127.0.1.K when the server is on 127.0.0.1), send speech requests back to back until ``--duration`` seconds or ``--max-requests`` are reached.
 The mix: wav / pcm / opus streams; every 5th request disconnects after its first chunk; every
 7th asks for an unknown voice and must get 404. Anything else that is not a 200 with decodable
 audio of the expected length is an error. RSS (psutil) is sampled over time; growth is measured
@@ -43,6 +43,8 @@ from urllib.parse import urlparse
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Streaming speech, chunk by chunk.",
          "Numbers like 42 and 1999 are fine too.", "短い文です。", "Ein kurzer Satz."]
 FORMATS = ["wav", "pcm", "opus"]
+#: good client k connects from GOOD_NET + (k + 1): its own address, none of the attackers' 127.0.0.N
+GOOD_NET = "127.0.1."
 
 
 def parse_args(argv=None):
@@ -190,7 +192,7 @@ class Soak:
         self.phase, self.deadline = name, time.monotonic() + seconds
         self.ttfa[name], self.rtf[name] = [], []
         before = queue_wait(self.url)
-        clients = [threading.Thread(target=self.client_loop) for _ in range(self.args.streams)]
+        clients = [threading.Thread(target=self.client_loop, args=(k,)) for k in range(self.args.streams)]
         for c in clients:
             c.start()
         for c in clients:
@@ -253,10 +255,14 @@ class Soak:
         with sf.SoundFile(io.BytesIO(data)) as f:
             return len(f.read(dtype="float32"))
 
-    def client_loop(self) -> None:
+    def client_loop(self, k: int) -> None:
+        """Good client ``k``: from its own address 127.0.1.(k+1) when the server is on 127.0.0.1 (a
+        listener has an address of its own; the server's queue is fair by address)."""
         import httpx
 
-        with httpx.Client(base_url=self.url, timeout=120) as client:
+        host = urlparse(self.url).hostname or ""
+        transport = httpx.HTTPTransport(local_address=f"{GOOD_NET}{k + 1}") if host.startswith("127.") else None
+        with httpx.Client(base_url=self.url, timeout=120, transport=transport) as client:
             while (i := self.next_index()) is not None:
                 try:
                     self.one(client, i)
@@ -381,6 +387,10 @@ def _percentiles(name: str, values: list[float]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.url is None:  # the in-process server: as `qtts serve` (MALLOC_ARENA_MAX=16: glibc's own on 2 cores)
+        from qtts.server.malloc import limit_arenas
+
+        limit_arenas()
     report = run(args)
     if args.json:
         with open(args.json, "w") as fh:

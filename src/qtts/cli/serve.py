@@ -242,8 +242,10 @@ def run(args) -> int:
     if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
         require("python_multipart", "serve", "voice uploads (python-multipart)")
     from ..server import create_app
+    from ..server.malloc import limit_arenas
     from ..server.runner import serve_forever
 
+    limit_arenas()  # before any thread starts: RSS stays flat under churn (qtts.server.malloc)
     _check_host(args.host)
     settings = _settings(args)
     check_model(args.model)

@@ -95,6 +95,9 @@ def run(args) -> int:
     from ..wyoming import WyomingService
 
     require("wyoming", "wyoming", "qtts wyoming")
+    from ..server.malloc import limit_arenas
+
+    limit_arenas()  # before any thread starts (qtts.server.malloc)
     _check_uri(args.uri)
     settings = _settings(args)
     from ..backends.cache import plan_label
