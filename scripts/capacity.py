@@ -136,8 +136,7 @@ def http_request(client, url: str, body: dict, sse: bool) -> dict:
     first, size = None, 0
     with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
         if r.status_code != 200:
-            r.read()
-            return {"status": r.status_code}
+            return {"status": r.status_code, "error": r.read()[:300].decode("utf-8", "replace")}
         if sse:
             for line in r.iter_lines():
                 if not line.startswith("data:"):
@@ -147,7 +146,7 @@ def http_request(client, url: str, body: dict, sse: bool) -> dict:
                     size += len(base64.b64decode(event["audio"]))
                     first = first if first is not None else time.perf_counter() - t0
                 elif event.get("type") == "error":
-                    return {"status": 500}
+                    return {"status": 500, "error": json.dumps(event)[:300]}
         else:
             for data in r.iter_raw():
                 size += len(data)
@@ -177,7 +176,7 @@ def ws_request(url: str, body: dict) -> dict:
                 break
             if event.get("type") == "error":
                 busy = event.get("error", {}).get("code") in ("queue_full", "busy")
-                return {"status": 429 if busy else 500}
+                return {"status": 429 if busy else 500, "error": json.dumps(event)[:300]}
     return {"status": 200, "wall_s": time.perf_counter() - t0, "first_s": first, "audio_s": size / BYTES_PER_SECOND}
 
 
@@ -222,7 +221,8 @@ def run_level(args, url: str, voice, transport: str, k: int) -> dict:
         r["status"] == 429 for r in out), "busy": sum(r["status"] == 429 for r in out),
         "rtf_p50": _pct(rtf, 0.5), "rtf_p95": _pct(rtf, 0.95), "first_p50_ms": _ms(_pct(first, 0.5)),
         "first_p95_ms": _ms(_pct(first, 0.95)), "audio_s_per_s": sum(r["audio_s"] for r in ok) / wall,
-        "wall_s": wall}  # fmt: skip
+        "wall_s": wall, "error_samples": [r["error"] for r in out if r["status"] not in (200, 429) and "error" in r][:5],
+    }  # fmt: skip
 
 
 def _ms(seconds):
@@ -265,6 +265,8 @@ def main(argv=None) -> int:
             for k in args.levels:
                 rows.append(run_level(args, url, voice, transport, k))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
+                for sample in rows[-1]["error_samples"]:
+                    print("  error:", sample, flush=True)
     finally:
         if proc is not None:
             proc.terminate()

@@ -301,3 +301,37 @@ def test_later_waiters_go_after_first_ones(monkeypatch):
     assert asyncio.run(order(60.0)) == ["first", "later"]
     assert asyncio.run(order(0.0)) == ["later", "first"]
 
+
+
+@pytest.mark.parametrize("server", [{"ws_max_sessions_per_client": 1}], indirect=True)
+def test_a_finished_session_stops_counting_before_its_close_handshake(server, monkeypatch):
+    """A client that opens its next session as soon as audio.done arrives is not refused as one
+    session too many while the server still closes the finished one (here a close that takes
+    2 s, as over a slow link). Before, the place was freed only after the close: 1013."""
+    from starlette.websockets import WebSocket
+
+    close = WebSocket.close
+
+    async def slow_close(self, *args, **kwargs):
+        await asyncio.sleep(2.0)
+        return await close(self, *args, **kwargs)
+
+    monkeypatch.setattr(WebSocket, "close", slow_close)
+    session = [{"type": "session.update", "session": SESSION}, {"type": "text.delta", "delta": "Hi."},
+               {"type": "text.done"}]
+    first = connect(server.ws)
+    try:
+        for m in session:
+            first.send(json.dumps(m))
+        while True:  # to audio.done
+            msg = first.recv(timeout=60)
+            if isinstance(msg, str) and json.loads(msg)["type"] == "audio.done":
+                break
+        with connect(server.ws) as second:
+            for m in session:
+                second.send(json.dumps(m))
+            code, errors = _closed_with(second)
+        assert errors == [] and code == 1000, (code, errors)
+    finally:
+        first.close()
+    assert wait_for(lambda: gauges_at_zero(server))

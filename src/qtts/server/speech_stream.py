@@ -313,6 +313,7 @@ class LiveSession(Utterances):
 
     async def _close(self, code: int) -> None:
         self.close_code = code
+        self._uncount()  # its last message is sent: a client may open its next session at once
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code), 5)
 
@@ -328,15 +329,20 @@ class LiveSession(Utterances):
         self.state.metrics.live_sessions.set(sum(live.values()))
         return None
 
-    async def _cleanup(self) -> None:
-        if self.utt is not None:
-            self.utt.close()
+    def _uncount(self) -> None:
+        """This session no longer counts against its address's ``ws_max_sessions_per_client``."""
         if self.client is not None:
             live = self.state.live_clients
             live[self.client] -= 1
             if not live[self.client]:
                 del live[self.client]
+            self.client = None
             self.state.metrics.live_sessions.set(sum(live.values()))
+
+    async def _cleanup(self) -> None:
+        if self.utt is not None:
+            self.utt.close()
+        self._uncount()
         if self.receiver is not None:
             self.receiver.cancel()
             with contextlib.suppress(BaseException):
