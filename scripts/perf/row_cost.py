@@ -41,9 +41,10 @@ def _cpu() -> str:
 
 def time_rows(parts, rows: int, steps: int) -> dict:
     """Median ms of one batched talker step and one batched predictor frame over ``rows`` streams."""
-    xv = voices(parts.config)[0]
-    reqs = [request(parts, f"r{i}", TEXTS[i % len(TEXTS)], steps + 4, voice=xv, greedy=False, seed=i,
-                    min_frames=steps + 4) for i in range(rows)]  # fmt: skip
+    speakers = parts.config.speakers  # a CustomVoice checkpoint: its first speaker
+    who = {"speaker": speakers[0]} if speakers else {"voice": voices(parts.config)[0]}
+    reqs = [request(parts, f"r{i}", TEXTS[i % len(TEXTS)], steps + 4, greedy=False, seed=i,
+                    min_frames=steps + 4, **who) for i in range(rows)]  # fmt: skip
     states = [prefill(parts.backend, r.prompt, r.params, r.speaker) for r in reqs]
     talker, predictor = [], []
     try:
