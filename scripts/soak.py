@@ -3,7 +3,8 @@
 
 Starts a server in this process on a model snapshot (default: a freshly written tiny random
 checkpoint) or talks to ``--url`` (127.0.0.1 / ::1 / localhost only). N client threads, each from
-an address of its own (127.0.1.K when the server is on 127.0.0.1), send speech requests back to back until ``--duration`` seconds or ``--max-requests`` are reached.
+an address of its own (127.0.1.K when the server is on 127.0.0.1), send speech requests back to
+back until ``--duration`` seconds or ``--max-requests`` are reached.
 The mix: wav / pcm / opus streams; every 5th request disconnects after its first chunk; every
 7th asks for an unknown voice and must get 404. Anything else that is not a 200 with decodable
 audio of the expected length is an error. RSS (psutil) is sampled over time; growth is measured
@@ -387,7 +388,7 @@ def _percentiles(name: str, values: list[float]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.url is None:  # the in-process server: as `qtts serve` (MALLOC_ARENA_MAX=16: glibc's own on 2 cores)
+    if args.url is None:  # the in-process server, as `qtts serve` (MALLOC_ARENA_MAX=16 for glibc's 2-core default)
         from qtts.server.malloc import limit_arenas
 
         limit_arenas()

@@ -46,7 +46,7 @@ from .live_limits import (
 )
 from .speech import Format, VoiceRef, _resolve_voice
 from .utterance import Utterance, Utterances
-from .worker import Job
+from .worker import Job, address
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("qtts.server.access")
@@ -320,7 +320,7 @@ class LiveSession(Utterances):
     def _count_client(self) -> SessionError | None:
         """At most ``ws_max_sessions_per_client`` sessions from one address: count this one, or the
         refusal (1013) to send once the socket is accepted."""
-        host = self.ws.client.host if self.ws.client else "?"
+        host = address(self.ws)
         live, cap = self.state.live_clients, self.settings.ws_max_sessions_per_client
         if live.get(host, 0) >= cap:
             return SessionError("too_many_sessions", f"{live[host]} live sessions are open from {host}, the limit "

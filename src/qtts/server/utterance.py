@@ -72,9 +72,10 @@ class Utterances:
     async def _utterance(self, voice, speaker, options) -> None:
         """Admit one utterance (a slot, a queue place, or 1013), feed it, forward its audio."""
         utt = Utterance(later=self.utterances > 0)
+        owner = address(self.ws)
         self.queued = True
         try:
-            slot = await self._race(self.state.scheduler.acquire(later=utt.later, owner=address(self.ws)))
+            slot = await self._race(self.state.scheduler.acquire(later=utt.later, owner=owner))
         except ApiError as exc:
             raise SessionError(exc.code, exc.message, BUSY) from None
         finally:
@@ -86,7 +87,7 @@ class Utterances:
         self._give(text)
         if self.done:
             utt.close()
-        self.job = Job(self.state.scheduler, slot, produce(self, utt, voice, speaker, options), address(self.ws))
+        self.job = Job(self.state.scheduler, slot, produce(self, utt, voice, speaker, options), owner)
         self.job.start()
         try:
             await self._forward(utt)

@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 PROMOTE_S = 5.0
 #: time constant (s) of an address's recent slot-seconds, the second key of the fair share
 SHARE_TAU_S = 60.0
-#: the owner of a slot taken without an address (tests, internal callers)
-NOBODY = "-"
+#: the owner of a slot taken without an address (tests, internal callers, a client uvicorn did not name)
+NOBODY = "?"
 
 
 @dataclass(eq=False)
