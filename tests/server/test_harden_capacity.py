@@ -142,7 +142,8 @@ def gauges_at_zero(srv) -> bool:
 
 def good_requests_while(srv, talker: Talker, n: int) -> list[float]:
     """``n`` good requests while ``talker`` talks (after one alone, for the deadline); each must
-    finish in time while the talker is still open. Their seconds to first audio."""
+    finish in time while the talker is still open, and the talker, still talking, must get audio
+    again after the last of them (it goes on being served). Their seconds to first audio."""
     _, alone, status = good_request(srv.url)
     assert status == 200
     deadline = DEADLINE_S + 5 * alone
@@ -154,6 +155,8 @@ def good_requests_while(srv, talker: Talker, n: int) -> list[float]:
             first, end, status = good_request(srv.url, timeout=deadline)
             assert status == 200 and talker.open and end < deadline, (status, talker.open, end, alone)
             waits.append(first)
+        heard = talker.audio
+        assert wait_for(lambda: talker.audio > heard, deadline) and talker.open, (heard, talker.events[-1:])
     finally:
         talker.stop.set()
         talker.join(120)
@@ -168,7 +171,11 @@ def test_a_trickling_session_does_not_hold_the_only_worker(server):
     good_requests_while(server, talker, n=2)
     assert talker.close_code == 1000 and talker.audio > 0, (talker.close_code, talker.events[-1:])
     done = talker.events[-1]
-    assert done["type"] == "audio.done" and done["stats"]["utterances"] >= 3, done
+    # it yielded to the first request and was served again after the second (good_requests_while);
+    # the second request may take the slot before the session's next utterance is admitted (it was
+    # queued when the first one's slot came free: a later utterance goes after new requests), so
+    # two utterances, not three, are enough (a CI run under a loaded suite saw that order)
+    assert done["type"] == "audio.done" and done["stats"]["utterances"] >= 2, done
     assert wait_for(lambda: gauges_at_zero(server))
 
 
