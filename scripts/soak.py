@@ -18,7 +18,10 @@ server a Wyoming service on its own engine with a stalled reader and malformed e
 cycling until the end; an attack whose outcome is not the documented one counts as an error.
 ``--baseline S`` first runs the same clients for S seconds without attackers, then the attack
 phase for ``--duration``: both phases' first audio and RTF p50/p95 are reported, and the soak
-fails when an attack-phase p95 passes ``--bound-factor`` times its no-attack p95.
+fails when an attack-phase p95 passes ``--bound-factor`` times its no-attack p95 (and, with
+``--ttfa-bound`` / ``--rtf-bound``, a fixed limit such as issue 25's 0.3 s / 0.9). The attackers'
+process runs at ``--attacker-nice`` (19: a real attacker's CPU is its own machine's); the CPU
+seconds it and this process used in the attack phase are reported.
 
 Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb``; 1 otherwise.
 
@@ -36,10 +39,12 @@ import ipaddress
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from urllib.parse import urlparse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak_local import start_local  # noqa: E402  (a sibling script)
 
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Streaming speech, chunk by chunk.",
          "Numbers like 42 and 1999 are fine too.", "短い文です。", "Ein kurzer Satz."]
@@ -67,6 +72,13 @@ def parse_args(argv=None):
                    help="seconds of the same clients without attackers before the attack phase (default 0: none)")
     p.add_argument("--bound-factor", type=float, default=1.5,
                    help="with --baseline: an attack-phase p95 above this times the no-attack p95 fails (default 1.5)")
+    p.add_argument("--ttfa-bound", type=float, metavar="S",
+                   help="also fail when the last phase's first-audio p95 passes S seconds (issue 25's row: 0.3)")
+    p.add_argument("--rtf-bound", type=float, metavar="R",
+                   help="also fail when the last phase's RTF p95 passes R (issue 25's row: 0.9)")
+    p.add_argument("--attacker-nice", type=int, default=19,
+                   help="niceness of the attackers' process (default 19: an attacker's own CPU is its machine's, "
+                        "not the server's; 0: the same priority as the server)")
     p.add_argument("--warmup", type=float, default=0.2,
                    help="fraction of the run's wall time before the RSS baseline (default 0.2)")
     p.add_argument("--rss-bound-mb", type=float, default=64.0, help="allowed RSS growth after warm-up (MB)")
@@ -107,72 +119,6 @@ def check_loopback(url: str) -> str:
     if not ok:
         raise SystemExit(f"soak: refusing non-loopback host {host!r}; the soak only runs against 127.0.0.1/::1")
     return url.rstrip("/")
-
-
-def start_local(args):
-    """(url, stop) for an in-process server on a tiny checkpoint."""
-    import qtts
-    from qtts.server import ServerSettings, create_app
-    from qtts.server.runner import ServerThread
-
-    model = args.model
-    if model is None:
-        from qtts.tools.random_checkpoint import write_random_checkpoint
-
-        tok = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "configs",
-                           "text-tokenizer-qwen2")
-        out = os.path.join(tempfile.mkdtemp(prefix="qtts-soak-"), "tiny-cv")
-        model = write_random_checkpoint(out, size="tiny", kind="custom_voice", layout="0.6b", seed=0,
-                                        tokenizer_dir=tok if os.path.isdir(tok) else None)
-    if args.max_batch > 1:
-        engines = qtts.load(model, plan=args.plan, threads=args.threads, max_batch=args.max_batch)
-        slots = {"max_batch": args.max_batch}
-    else:
-        engines = [qtts.load(model, plan=args.plan, threads=args.threads) for _ in range(args.workers)]
-        slots = {"max_concurrency": args.workers}
-    settings = ServerSettings(max_queue=4 * args.streams, max_frames=args.max_frames, chunk_frames=4,
-                              capacity=args.capacity,
-                              access_log=False, voices_dir=tempfile.mkdtemp(prefix="qtts-soak-voices-"), **slots)
-    srv = ServerThread(create_app(engines, settings)).start()
-    one = engines if args.max_batch > 1 else engines[0]
-    stop = srv.stop
-    if args.attackers:
-        srv.wyoming_port, stop_wyoming = start_wyoming(model, args.max_frames)
-        stop = lambda: (stop_wyoming(), srv.stop())  # noqa: E731
-    srv.app_voices = settings.voices_dir
-    args.local = srv
-    return srv.url, stop, one.speakers
-
-
-def start_wyoming(model: str, max_frames: int):
-    """(port, stop) of a Wyoming service on its own engine, on a loop in a thread (for the attackers)."""
-    import asyncio
-    import socket
-
-    import qtts
-    from qtts.wyoming import WyomingService, WyomingSettings
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    service = WyomingService(qtts.load(model, threads=1), WyomingSettings(max_frames=max_frames))
-    loop, ready = asyncio.new_event_loop(), threading.Event()
-    holder = {}
-
-    def serve():
-        asyncio.set_event_loop(loop)
-        holder["server"] = loop.run_until_complete(service.start(f"tcp://127.0.0.1:{port}"))
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, name="soak-wyoming", daemon=True).start()
-    ready.wait(60)
-
-    def stop():
-        asyncio.run_coroutine_threadsafe(holder["server"].stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-
-    return port, stop
 
 
 class Soak:
@@ -313,18 +259,20 @@ def run(args) -> dict:
         soak.run_phase("baseline", args.baseline)
     attack_t0, attackers = time.monotonic() - t0, None
     if args.attackers:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from soak_attackers import run_process
 
         local = getattr(args, "local", None)
         host, port = urlparse(url).hostname, urlparse(url).port
         attackers = run_process(host, port, voices_dir=local.app_voices if local else None,
-                                wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker)
+                                wyoming_port=getattr(local, "wyoming_port", None), speaker=soak.speaker,
+                                nice=args.attacker_nice)
+    cpu0 = psutil.Process().cpu_times()
     traced: dict = {}
     if args.tracemalloc:  # tracing starts after the warm-up of the last phase
         threading.Timer(args.warmup * args.duration, lambda: traced.update(start=growth_snapshot(0))).start()
     soak.run_phase("attack" if args.attackers else "run", args.duration)
     wall = time.monotonic() - t0
+    cpu1 = psutil.Process().cpu_times()
     stop.set()
     attacks = {}
     if attackers is not None:
@@ -365,6 +313,10 @@ def run(args) -> dict:
         report.update(_percentiles(prefix + "ttfa_s", soak.ttfa[phase]), **_percentiles(prefix + "rtf", soak.rtf[phase]))
         report.update({prefix + k: v for k, v in soak.queued[phase].items()})
     report["bounds"] = _bounds(report, args.bound_factor)
+    report["absolute_bounds"] = _absolute_bounds(report, {"ttfa_s": args.ttfa_bound, "rtf": args.rtf_bound})
+    report["cpu_s"] = {"this_process": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
+                       "attackers": attacks.get("cpu_s"),
+                       "available": round((wall - attack_t0) * (os.cpu_count() or 1), 1)}
     return report
 
 
@@ -376,6 +328,12 @@ def _bounds(report: dict, factor: float) -> dict:
         if base is not None and now is not None:
             out[name] = now <= factor * base
     return out
+
+
+def _absolute_bounds(report: dict, limits: dict) -> dict:
+    """{"ttfa_s": ok, "rtf": ok} for each limit given: the last phase's p95 at most that."""
+    return {name: report[f"{name}_p95"] <= limit for name, limit in limits.items()
+            if limit is not None and f"{name}_p95" in report}
 
 
 def _percentiles(name: str, values: list[float]) -> dict:
@@ -410,6 +368,11 @@ def main(argv=None) -> int:
                   f"{report[prefix + 'queue_wait_mean_s']} s on average")
     if report["bounds"]:
         print(f"soak: attack-phase p95 within {args.bound_factor} x the no-attack p95: {report['bounds']}")
+    if report["absolute_bounds"]:
+        print(f"soak: last-phase p95 within first audio {args.ttfa_bound} s / RTF {args.rtf_bound}: "
+              f"{report['absolute_bounds']}")
+    if args.attackers:
+        print(f"soak: CPU seconds in the attack phase: {report['cpu_s']}")
     if "attacks" in report:
         print(f"soak: attacks {report['attacks']}, not the documented outcome: {report['unexpected']}")
     if report["rss_mb"]:
@@ -417,7 +380,7 @@ def main(argv=None) -> int:
         print(f"soak: RSS growth after warm-up {report['rss_growth_mb']} MB (bound {args.rss_bound_mb} MB); in the "
               f"last phase after its warm-up {report['rss_phase_growth_mb']} MB")
     failed = report["errors"] > 0 or (report["rss_growth_mb"] or 0) > args.rss_bound_mb
-    failed = failed or not all(report["bounds"].values())
+    failed = failed or not all(report["bounds"].values()) or not all(report["absolute_bounds"].values())
     for line in report.get("tracemalloc_growth", []):
         print("soak: still held, allocated since the warm-up:", line)
     print("soak: FAIL" if failed else "soak: PASS")

@@ -331,28 +331,35 @@ class Attackers:
         return ok
 
 
-def run_process(host: str, port: int, voices_dir=None, wyoming_port=None, speaker="vivian"):
-    """Start the attackers in a separate process; returns ``finish()``, which stops them and
-    returns their report."""
+def run_process(host: str, port: int, voices_dir=None, wyoming_port=None, speaker="vivian", nice: int = 19):
+    """Start the attackers in a separate process at niceness ``nice`` (an attacker runs on a
+    machine of its own: on the soak's box its Python loops should not take the CPU the server
+    needs; 0: the same priority as the server); returns ``finish()``, which stops them and
+    returns their report, with the CPU seconds their process used (``cpu_s``)."""
     import multiprocessing
+
+    import psutil
 
     ctx = multiprocessing.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_process_entry, args=(host, port, voices_dir, wyoming_port, speaker, stop, out),
+    proc = ctx.Process(target=_process_entry, args=(host, port, voices_dir, wyoming_port, speaker, stop, out, nice),
                        daemon=True)
     proc.start()
 
     def finish() -> dict:
+        times = psutil.Process(proc.pid).cpu_times()
         stop.set()
         try:
-            return out.get(timeout=240)
+            return {**out.get(timeout=240), "cpu_s": round(times.user + times.system, 1)}
         finally:
             proc.join(30)
 
     return finish
 
 
-def _process_entry(host, port, voices_dir, wyoming_port, speaker, stop, out) -> None:
+def _process_entry(host, port, voices_dir, wyoming_port, speaker, stop, out, nice=0) -> None:
+    if nice:
+        os.nice(nice)
     local_stop = threading.Event()
     attackers = Attackers(host, port, local_stop, voices_dir=voices_dir, wyoming_port=wyoming_port, speaker=speaker)
     attackers.start()

@@ -54,7 +54,8 @@ def test_soak_reports_both_phases(tiny_snapshot, tmp_path):
     out = tmp_path / "soak.json"
     rc = soak.main(["--model", tiny_snapshot(kind="custom_voice"), "--baseline", "2", "--duration", "2",
                     "--streams", "2", "--max-frames", "4", "--workers", "1", "--capacity", "1", "--sample-every", "1",
-                    "--bound-factor", "1000", "--rss-bound-mb", "100", "--tracemalloc", "5", "--json", str(out)])
+                    "--bound-factor", "1000", "--ttfa-bound", "1000", "--rtf-bound", "1000", "--rss-bound-mb", "100",
+                    "--tracemalloc", "5", "--json", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0 and report["errors"] == 0, report
     held = report["tracemalloc_growth"]  # --tracemalloc: what is still held once every client has gone
@@ -62,6 +63,7 @@ def test_soak_reports_both_phases(tiny_snapshot, tmp_path):
     for key in ("baseline_ttfa_s_p95", "baseline_rtf_p95", "ttfa_s_p95", "rtf_p95"):
         assert report[key] > 0, key
     assert report["bounds"] == {"ttfa_s": True, "rtf": True}
+    assert report["absolute_bounds"] == {"ttfa_s": True, "rtf": True}
     assert report["rss_phase_growth_mb"] is not None
 
 
@@ -71,3 +73,11 @@ def test_soak_refuses_remote_hosts():
         with pytest.raises(SystemExit, match="non-loopback"):
             soak.check_loopback(url)
     assert soak.check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+
+
+def test_absolute_bounds_check_the_last_phase_p95():
+    """--ttfa-bound / --rtf-bound: issue 25's row as a fixed limit on the last phase's p95."""
+    soak = _soak_module()
+    report = {"ttfa_s_p95": 0.25, "rtf_p95": 0.95, "baseline_rtf_p95": 0.5}
+    assert soak._absolute_bounds(report, {"ttfa_s": 0.3, "rtf": 0.9}) == {"ttfa_s": True, "rtf": False}
+    assert soak._absolute_bounds(report, {"ttfa_s": None, "rtf": None}) == {}
