@@ -23,7 +23,8 @@ fails when an attack-phase p95 passes ``--bound-factor`` times its no-attack p95
 process runs at ``--attacker-nice`` (19: a real attacker's CPU is its own machine's); the CPU
 seconds it and this process used in the attack phase are reported.
 
-Exit status: 0 when there were no errors and RSS grew less than ``--rss-bound-mb``; 1 otherwise.
+Exit status: 0 when there were no errors, RSS grew less than ``--rss-bound-mb`` and every bound
+given held; 1 otherwise.
 
     .venv/bin/python scripts/soak.py --duration 60 --streams 8
     .venv/bin/python scripts/soak.py --duration 600 --streams 4 --attackers
