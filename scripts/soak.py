@@ -90,6 +90,8 @@ def parse_args(argv=None):
                         "the N source lines holding the most memory once every client has gone (slows the server)")
     p.add_argument("--json", help="write the report as JSON here")
     args = p.parse_args(argv)
+    if not 0 <= args.attacker_nice <= 19:
+        p.error(f"--attacker-nice {args.attacker_nice}: give 0 (the server's priority) to 19 (the lowest)")
     if args.tracemalloc and args.url:
         p.error("--tracemalloc traces the in-process server; drop --url (or --tracemalloc)")
     return args
@@ -352,9 +354,11 @@ def main(argv=None) -> int:
 
         limit_arenas()
     report = run(args)
-    if args.json:
-        with open(args.json, "w") as fh:
+    if args.json:  # written whole or not at all
+        tmp = f"{args.json}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
             json.dump(report, fh, indent=1)
+        os.replace(tmp, args.json)
     print(f"soak: {report['requests']} requests in {report['duration_s']} s with {report['streams']} streams: "
           f"ok {report['ok']}, disconnected {report['disconnected']}, "
           f"rejected as expected {report['rejected_as_expected']}, errors {report['errors']}")

@@ -311,7 +311,6 @@ def test_later_waiters_go_after_first_ones(monkeypatch):
     assert asyncio.run(order(0.0)) == ["later", "first"]
 
 
-
 @pytest.mark.parametrize("server", [{"ws_max_sessions_per_client": 1}], indirect=True)
 def test_a_finished_session_stops_counting_before_its_close_handshake(server, monkeypatch):
     """A client that opens its next session as soon as audio.done arrives is not refused as one

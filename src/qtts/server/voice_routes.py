@@ -161,7 +161,7 @@ async def create_voice(
     """Make a reusable voice from a reference clip; use its id as ``voice`` in /v1/audio/speech."""
     state = request.app.state.qtts
     state.require_ready()
-    store = state.store
+    store, owner = state.store, address(request)
     voice_id = check_voice_id(name, "name") if name else store.new_id()
     if voice_id.lower() in {s.lower() for s in engine_speakers(state.engine)}:
         raise ApiError(409, f"{voice_id!r} is a built-in speaker name; choose another name", "voice_exists", "name")
@@ -171,12 +171,12 @@ async def create_voice(
     try:
         await _save_upload(file, upload, state.settings.max_upload_bytes)
         suffix = await asyncio.to_thread(_probe_upload, upload)  # refused before it holds a slot
-        slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=address(request))  # 429/503/499
+        slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=owner)  # 429/503/499
     except BaseException:
         store.unreserve(voice_id)
         remove_quietly(upload)
         raise
-    await _run_on_worker(state, slot, address(request), voice_id, upload, suffix, ref_text)
+    await _run_on_worker(state, slot, owner, voice_id, upload, suffix, ref_text)
     request.scope.setdefault("state", {}).setdefault("access", {})["voice_id"] = voice_id
     return {"id": voice_id, "object": "voice", "type": "voice", "created_at": int(time.time()),
             "ref_text": ref_text}
