@@ -68,6 +68,8 @@ $VPY -m qtts kernels build || die "the optional kernels did not build (above); t
 # The official package, for parity tests; --no-deps: its declared deps (sox, torchaudio,
 # gradio, onnxruntime pins) are not needed on the 12 Hz path (see tests/support/official.py).
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1
+# The official forced aligner (tests/parity/test_aligner*.py), --no-deps for the same reason (it pins transformers 4.57.6).
+$VPY -m pip install -q --no-deps qwen-asr==0.0.6
 if [ -f scripts/setup_rknn_env.sh ]; then
   bash scripts/setup_rknn_env.sh
 fi
