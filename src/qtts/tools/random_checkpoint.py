@@ -40,7 +40,7 @@ from ..files import temp_dir_beside
 log = logging.getLogger(__name__)
 
 SIZES = ("tiny", "mid", "full")
-KINDS = ("base", "custom_voice", "voice_design")
+KINDS = ("base", "custom_voice", "voice_design", "forced_aligner")  # forced_aligner: qtts.tools.random_aligner
 LAYOUTS = ("0.6b", "1.7b")
 DTYPES = ("float32", "bfloat16")
 
@@ -212,7 +212,9 @@ def write_random_checkpoint(
         raise InputError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     if size not in SIZES:
         raise InputError(f"unknown size '{size}'; use one of {', '.join(SIZES)}")
-    name = real_name(kind, layout)
+    if kind == "forced_aligner" and (natural_eos or planted):
+        raise InputError("--natural-eos and --planted shape a talker; a forced_aligner checkpoint has none")
+    name = real_name(kind, layout) if kind != "forced_aligner" else "Qwen3-ForcedAligner-0.6B"
     out = os.path.abspath(out)
     if os.path.exists(out) and os.listdir(out) and not overwrite:
         raise InputError(f"{out} exists and is not empty; choose a new directory or pass --force")
@@ -234,6 +236,12 @@ def write_random_checkpoint(
 
 def _write_all(tmp, name, size, kind, layout, seed, tokenizer_dir, dtype, variants) -> None:
     from . import random_weights as rw
+
+    if kind == "forced_aligner":
+        from .random_aligner import write_aligner_files
+
+        base_tok = _load_json(os.path.join(real_config_dir(_REAL_NAMES[("base", "0.6b")]), "tokenizer_config.json"))
+        return write_aligner_files(tmp, size, seed, tokenizer_dir, dtype, base_tok)
 
     real = real_config_dir(name)
     cfg_dict = model_config_dict(size, kind, layout)

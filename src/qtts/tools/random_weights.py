@@ -48,6 +48,14 @@ def main_specs(cfg: ModelConfig) -> list[Spec]:
         return _specs(Qwen3TTS(cfg))
 
 
+def aligner_specs(cfg) -> list[Spec]:
+    """Tensors of a Qwen3-ForcedAligner (``cfg``: an :class:`~qtts.aligner_config.AlignerConfig`)."""
+    from ..model.aligner import ForcedAlignerModel
+
+    with empty_init():
+        return _specs(ForcedAlignerModel(cfg))
+
+
 def speech_tokenizer_specs(cfg: SpeechTokenizerConfig) -> list[Spec]:
     from ..model.speech_tokenizer import SpeechTokenizer
 

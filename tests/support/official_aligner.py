@@ -1,0 +1,79 @@
+"""The official Qwen3-ForcedAligner (qwen-asr 0.0.6, installed ``--no-deps``) for the parity tests.
+
+``import qwen_asr`` imports nagisa (Japanese splitter) at module level; when nagisa is missing an
+empty stand-in module is installed first, so the non-Japanese paths still import. Helpers here
+run the official pipeline piece by piece (its processor's inputs, its thinker's logits), so a
+test can compare every stage, not only the final words.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import numpy as np
+import torch
+
+from qtts.errors import MissingDependencyError
+
+
+def qwen_asr():
+    """The imported official ``qwen_asr`` package."""
+    try:
+        import nagisa  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("nagisa")
+        stub.__spec__ = importlib.machinery.ModuleSpec("nagisa", None)
+        sys.modules.setdefault("nagisa", stub)
+    try:
+        import qwen_asr as pkg
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the official aligner is needed for the aligner parity tests: pip install -e \".[reference]\" "
+            "&& pip install qwen-asr==0.0.6 --no-deps"
+        ) from exc
+    return pkg
+
+
+def official_aligner(path: str):
+    """``Qwen3ForcedAligner.from_pretrained(path)`` in fp32 on the CPU (its default SDPA attention)."""
+    return qwen_asr().Qwen3ForcedAligner.from_pretrained(path, dtype=torch.float32)
+
+
+def official_stages(aligner, wav: np.ndarray, sample_rate: int, text: str, language: str) -> dict:
+    """The official pipeline's words, input ids, features, logits, raw marker times and result."""
+    from qwen_asr.inference.utils import normalize_audios
+
+    words, prompt = aligner.aligner_processor.encode_timestamp(text, language)
+    audio = normalize_audios([(wav, sample_rate)])
+    inputs = aligner.processor(text=[prompt], audio=audio, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        logits = aligner.model.thinker(**inputs).logits
+    ids = inputs["input_ids"]
+    marker = ids[0] == aligner.timestamp_token_id
+    times = (logits[0, marker].argmax(-1) * aligner.timestamp_segment_time).numpy()
+    result = aligner.align(audio=(wav, sample_rate), text=text, language=language)[0]
+    return {
+        "words": words,
+        "audio": audio[0],
+        "input_ids": ids,
+        "features": inputs["input_features"][0, :, : int(inputs["feature_attention_mask"].sum())],
+        "logits": logits,
+        "times": times,
+        "result": [(it.text, it.start_time, it.end_time) for it in result],
+    }
+
+
+def speechlike(seed: int, seconds: float, sample_rate: int = 24000) -> np.ndarray:
+    """Tone bursts of random pitch, length, level and gaps: audio whose log-mel changes over time."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    out = np.zeros_like(t)
+    pos = 0.0
+    while pos < seconds:
+        dur = rng.uniform(0.08, 0.4)
+        on = (t >= pos) & (t < pos + dur)
+        out[on] = rng.uniform(0.1, 0.8) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t[on])
+        pos += dur + rng.uniform(0.0, 0.3)
+    return out.astype(np.float32)
