@@ -51,7 +51,11 @@ def _run(path: str, x: np.ndarray, a: np.ndarray, b: np.ndarray, isa: str | None
 
 
 def _isas() -> list[str]:
+    """The code paths this CPU has, best last: x86-64 adds AVX2 / AVX-512 by its flags, arm64 NEON
+    (AdvSIMD is part of every AArch64 CPU; scripts/arm.sh runs these tests on an emulated one)."""
     found = ["generic"]
+    if os.uname().machine in ("aarch64", "arm64"):
+        found.append("neon")
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             flags = set(next(line for line in fh if line.startswith("flags")).split())
@@ -59,7 +63,7 @@ def _isas() -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "neon", "generic"])
 @pytest.mark.parametrize("shape", [(1, 5, 37), (2, 3, 20011), (1, 16, 1)])
 def test_every_code_path_matches_float64(lib, isa, shape):
     x, a, b = selftest.inputs(shape, seed=sum(shape))
@@ -80,6 +84,16 @@ def test_paths_agree_and_unknown_names_are_refused(lib):
         assert selftest.snr_db(outs[0].astype(np.float64), y) >= 120.0
     assert _run(lib, x, a, b, "sse9") is None
     assert kernels.isa(lib) == _isas()[-1]  # the best path this CPU has
+
+
+@pytest.mark.parametrize("forced", ["generic", "neon", "avx2", "sse9"])
+def test_qtts_kernels_isa_forces_a_path_or_falls_back_to_the_best(lib, forced):
+    """The library picks its path once, at load, from QTTS_KERNELS_ISA: a path this CPU has is
+    taken, anything else (another architecture's, a made-up name) gives the best one."""
+    code = f"import ctypes; f = ctypes.CDLL({lib!r}).qtts_kernels_isa; f.restype = ctypes.c_char_p; print(f().decode())"
+    env = {**os.environ, "QTTS_KERNELS_ISA": forced}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert out.stdout.strip() == (forced if forced in _isas() else _isas()[-1])
 
 
 def test_the_selftest_passes_and_rejects_a_non_library(lib, tmp_path):

@@ -11,7 +11,7 @@ library is not registered. So:
   warning per cache when there is no compiler or the build fails;
 * :func:`register` adds it to an onnxruntime ``SessionOptions`` (the vocoder sessions);
 * ``QTTS_KERNELS=0`` turns it off (the plain graph runs, bit for bit as before); ``qtts kernels
-  build`` builds or rebuilds it and says which code path (AVX-512, AVX2, plain C) this CPU gets.
+  build`` builds or rebuilds it and says which code path (AVX-512, AVX2, NEON, plain C) this CPU gets.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def register(options) -> bool:
 
 
 def isa(path: str) -> str:
-    """The code path the library picked on this CPU: avx512 | avx2 | generic."""
+    """The code path the library picked on this CPU: avx512 | avx2 (x86-64), neon (arm64) | generic."""
     import ctypes
 
     fn = ctypes.CDLL(path).qtts_kernels_isa

@@ -9,9 +9,10 @@
  *   integer of v / pi; pi in three parts, Cody-Waite, exact products for |n| < 2^13) and
  *   sin(r) is an odd degree-13 Taylor polynomial (truncation error < 7e-10 on that interval);
  *   lanes with |v| >= REDUCE_LIMIT (rare) take libm's sinf instead, so large inputs stay exact;
- * - three code paths, picked once at load time: AVX-512F (16 lanes), AVX2 + FMA (8 lanes), and
+ * - code paths picked once at load time: on x86-64 AVX-512F (16 lanes) and AVX2 + FMA (8 lanes),
+ *   on arm64 NEON (AdvSIMD, part of every AArch64 CPU: 2 x 4 lanes with FMA), and everywhere
  *   plain C that the compiler vectorises for the baseline ISA (SSE2 on x86-64, NEON on arm64);
- *   QTTS_KERNELS_ISA=avx512|avx2|generic forces one (tests run every path);
+ *   QTTS_KERNELS_ISA=avx512|avx2|neon|generic forces one (tests run every path);
  * - the tensor is cut into blocks of BLOCK values spread over the session's intra-op threads.
  *
  * The library also exports qtts_snake_beta() (the same kernel on plain arrays, for tests
@@ -26,6 +27,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define QTTS_X86 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define QTTS_NEON 1
 #endif
 
 #define BLOCK 16384
@@ -136,6 +141,41 @@ __attribute__((target("avx512f"))) static void run_avx512(const float *x, float 
 }
 #endif
 
+/* ----------------------------------------------------------------------------- arm64 */
+#ifdef QTTS_NEON
+static inline float32x4_t sin2_neon(float32x4_t v) {
+  float32x4_t n = vrndnq_f32(vmulq_n_f32(v, INV_PI)); /* round to nearest, ties to even */
+  float32x4_t r = vfmsq_f32(v, n, vdupq_n_f32(PI_A)); /* r = v - n * PI_A, fused */
+  r = vfmsq_f32(r, n, vdupq_n_f32(PI_B));
+  r = vfmsq_f32(r, n, vdupq_n_f32(PI_C));
+  float32x4_t r2 = vmulq_f32(r, r);
+  float32x4_t p = vfmaq_f32(vdupq_n_f32(S11), r2, vdupq_n_f32(S13)); /* S11 + r2 * S13 */
+  p = vfmaq_f32(vdupq_n_f32(S9), r2, p);
+  p = vfmaq_f32(vdupq_n_f32(S7), r2, p);
+  p = vfmaq_f32(vdupq_n_f32(S5), r2, p);
+  p = vfmaq_f32(vdupq_n_f32(S3), r2, p);
+  float32x4_t s = vfmaq_f32(r, vmulq_f32(r, r2), p);
+  return vmulq_f32(s, s);
+}
+
+/* Two vectors per iteration: the polynomial is a serial chain, two chains keep the FMA pipes busy. */
+static void run_neon(const float *x, float *y, size_t n, float a, float inv_b) {
+  const float32x4_t va = vdupq_n_f32(a), vb = vdupq_n_f32(inv_b), lim = vdupq_n_f32(REDUCE_LIMIT);
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    float32x4_t x0 = vld1q_f32(x + t), x1 = vld1q_f32(x + t + 4);
+    float32x4_t v0 = vmulq_f32(x0, va), v1 = vmulq_f32(x1, va);
+    vst1q_f32(y + t, vfmaq_f32(x0, vb, sin2_neon(v0)));
+    vst1q_f32(y + t + 4, vfmaq_f32(x1, vb, sin2_neon(v1)));
+    uint32x4_t big = vorrq_u32(vcageq_f32(v0, lim), vcageq_f32(v1, lim)); /* |v| >= limit */
+    if (vmaxvq_u32(big))
+      for (size_t k = t; k < t + 8; ++k)
+        if (fabsf(a * x[k]) >= REDUCE_LIMIT) y[k] = snake_exact(x[k], a, inv_b);
+  }
+  if (t < n) run_generic(x + t, y + t, n - t, a, inv_b);
+}
+#endif
+
 /* ----------------------------------------------------------------------------- dispatch */
 static RunFn pick(const char *isa, const char **name) {
   int any = isa == NULL || *isa == '\0';
@@ -144,6 +184,9 @@ static RunFn pick(const char *isa, const char **name) {
   if ((any || !strcmp(isa, "avx512")) && __builtin_cpu_supports("avx512f")) return *name = "avx512", run_avx512;
   if ((any || !strcmp(isa, "avx2")) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return *name = "avx2", run_avx2;
+#endif
+#ifdef QTTS_NEON
+  if (any || !strcmp(isa, "neon")) return *name = "neon", run_neon; /* AdvSIMD: every AArch64 CPU */
 #endif
   if (any || !strcmp(isa, "generic")) return *name = "generic", run_generic;
   return *name = NULL, NULL;
@@ -183,7 +226,7 @@ static void run_block(void *data, size_t i) {
 }
 
 /* The kernel on plain arrays: x, y [rows * inner], row r uses a[r % channels], inv_b[r % channels].
- * isa: NULL for the best path, else "avx512" | "avx2" | "generic"; returns -1 if that is unavailable. */
+ * isa: NULL for the best path, else "avx512" | "avx2" | "neon" | "generic"; returns -1 if that is unavailable. */
 int qtts_snake_beta(const float *x, const float *a, const float *inv_b, float *y, size_t rows, size_t channels,
                     size_t inner, const char *isa) {
   const char *name;
