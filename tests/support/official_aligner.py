@@ -77,3 +77,36 @@ def speechlike(seed: int, seconds: float, sample_rate: int = 24000) -> np.ndarra
         out[on] = rng.uniform(0.1, 0.8) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t[on])
         pos += dur + rng.uniform(0.0, 0.3)
     return out.astype(np.float32)
+
+
+def parity_figures(snapshot: str, cases: dict) -> list[str]:
+    """One line per case: sizes, feature and logit differences, the smallest top-2 margin, equal times."""
+    from qtts.aligner import ForcedAligner
+    from qtts.text.words import split_words
+
+    official, ours = official_aligner(snapshot), ForcedAligner.from_dir(snapshot)
+    lines = []
+    for i, (case, (text, language, seconds)) in enumerate(cases.items()):
+        wav = speechlike(i, seconds)
+        ref = official_stages(official, wav, 24000, text, language)
+        ids, mel = ours.inputs(wav, 24000, split_words(text, language))
+        with torch.inference_mode():
+            logits = ours.model(ids, mel)
+        top = logits[0, ids[0] == ours.config.timestamp_token_id].topk(2, dim=-1).values
+        lines.append(f"{case}: {len(ref['words'])} words, {ids.shape[1]} tokens, features max diff "
+                     f"{(mel - ref['features']).abs().max():.1e}, logits max diff {(logits - ref['logits']).abs().max():.1e}"
+                     f" (max |logit| {ref['logits'].abs().max():.2f}), smallest top-2 margin "
+                     f"{(top[:, 0] - top[:, 1]).min():.1e}, times equal: "
+                     f"{ours.marker_times(ids, logits).tolist() == ref['times'].tolist()}")  # fmt: skip
+    return lines
+
+
+if __name__ == "__main__":  # cd tests && ../.venv/bin/python -m support.official_aligner
+    import tempfile
+
+    from parity.test_aligner_parity import CASES, TOKENIZER
+    from qtts.tools.random_checkpoint import write_random_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        snap = write_random_checkpoint(f"{tmp}/tiny", kind="forced_aligner", tokenizer_dir=f"../{TOKENIZER}", seed=3)
+        print("\n".join(parity_figures(snap, CASES)))
