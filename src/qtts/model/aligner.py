@@ -5,7 +5,9 @@
 key (``thinker.audio_tower.conv2d1.weight``, ``thinker.model.layers.0.mlp.up_proj.weight``,
 ``thinker.lm_head.weight``). ``forward(input_ids, mel)`` is the aligner's one non-autoregressive
 pass: the prompt's ``<|audio_pad|>`` embeddings are replaced, in order, by the audio encoder's
-outputs, and the logits ``[B, T, classify_num]`` come back; reading them is :mod:`qtts.aligner`.
+outputs (the official ``masked_scatter``; the prompt keeps them together right after
+``<|audio_start|>``, so here they are spliced in), and the logits ``[1, T, classify_num]`` come
+back; reading them is :mod:`qtts.aligner`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from ..aligner_config import AlignerConfig
-from .aligner_audio import AlignerAudioEncoder
+from .aligner_audio import AlignerAudioEncoder, chunk_mel
 from .aligner_text import AlignerDecoder
 from .checkpoint import empty_init, load_into, load_tensors, to_dtype
 
@@ -35,25 +37,29 @@ class ForcedAlignerModel(nn.Module):
         self.cfg = cfg
         self.thinker = Thinker(cfg)
 
-    def embed(self, input_ids: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
-        """``input_ids [1, T]``, ``mel [n_mels, frames]`` -> prompt embeddings ``[1, T, H]``."""
-        embeds = self.thinker.model.embed_tokens(input_ids)
-        audio = self.thinker.audio_tower(mel.to(embeds.dtype))  # [N, H]
-        slots = input_ids[0] == self.cfg.audio_token_id
-        if int(slots.sum()) != audio.shape[0]:
-            raise ValueError(
-                f"the prompt has {int(slots.sum())} audio tokens but the audio gives {audio.shape[0]} "
-                "embeddings; build the prompt with qtts.aligner (one <|audio_pad|> per encoder output)"
-            )
-        embeds = embeds.clone()
-        embeds[0, slots] = audio
-        return embeds
+    def logits(self, input_ids: torch.Tensor, chunks: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The aligner's pass (and its exported graph): ``input_ids [1, T]`` whose positions 1..N are
+        ``<|audio_pad|>``, the conv ``chunks`` and ``keep`` of :func:`chunk_mel` -> logits ``[1, T, classify_num]``."""
+        t = self.thinker
+        audio = t.audio_tower.encode(chunks, keep)  # [1, N, H]
+        embed = t.model.embed_tokens
+        n = audio.shape[1]
+        x = torch.cat([embed(input_ids[:, :1]), audio.to(embed.weight.dtype), embed(input_ids[:, 1 + n :])], dim=1)
+        return t.lm_head(t.model(x))
 
     def forward(self, input_ids: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
-        if input_ids.shape[0] != 1:
+        """``input_ids [1, T]``, log-mel ``[n_mels, frames]`` -> logits ``[1, T, classify_num]``."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError("the aligner runs one (audio, text) pair per call: input_ids must be [1, T]")
-        hidden = self.thinker.model(self.embed(input_ids, mel))
-        return self.thinker.lm_head(hidden)  # [1, T, classify_num]
+        chunks, keep = chunk_mel(mel.to(self.thinker.lm_head.weight.dtype), self.cfg.audio.chunk_frames)
+        slots = input_ids[0] == self.cfg.audio_token_id
+        n = keep.shape[0]
+        if int(slots.sum()) != n or not bool(slots[1 : 1 + n].all()):
+            raise ValueError(
+                f"the prompt must hold the audio's {n} <|audio_pad|> tokens right after <|audio_start|> "
+                f"(it has {int(slots.sum())}); build it with qtts.aligner.prompt_text"
+            )
+        return self.logits(input_ids, chunks, keep)
 
 
 def load_aligner(path: str, dtype=torch.float32, config: AlignerConfig | None = None) -> ForcedAlignerModel:

@@ -47,6 +47,20 @@ def audio_tokens(frames: int, cfg: AlignerAudioConfig) -> int:
     return sum(conv_out_len(n) for n in chunk_lengths(frames, cfg.chunk_frames))
 
 
+def chunk_mel(mel: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host-side cut of ``mel [n_mels, frames]`` into conv chunks: ``chunks [C, n_mels, W]``, every
+    chunk zero padded to the longest (W = min(frames, chunk)), and ``keep [N]``, the flat indices
+    (chunk * T' + token) of the valid conv outputs, in order."""
+    lengths = chunk_lengths(mel.shape[1], chunk)
+    if not lengths:
+        raise ValueError("the aligner needs at least one mel frame of audio")
+    width = max(lengths)
+    chunks = torch.stack([F.pad(piece, (0, width - piece.shape[1])) for piece in mel.split(lengths, dim=1)])
+    per_chunk = conv_out_len(width)
+    keep = [i * per_chunk + j for i, n in enumerate(lengths) for j in range(conv_out_len(n))]
+    return chunks, torch.tensor(keep, dtype=torch.long)
+
+
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
     """``[length, channels]`` = [sin | cos] of ``pos * exp(-log(max_timescale) * i / (channels/2 - 1))``."""
     half = channels // 2
@@ -66,15 +80,15 @@ class AudioAttention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, dim] -> [N, dim]
-        n = x.shape[0]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, dim] -> [B, N, dim]
+        b, n, _ = x.shape
 
-        def heads(t):  # [N, dim] -> [1, heads, N, hd]
-            return t.view(n, self.heads, self.head_dim).transpose(0, 1)[None]
+        def heads(t):  # [B, N, dim] -> [B, heads, N, hd]
+            return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        out = grouped_attention(q, k, v, None, self.head_dim**-0.5)  # [1, heads, N, hd]
-        return self.out_proj(out[0].transpose(0, 1).reshape(n, -1))
+        out = grouped_attention(q, k, v, None, self.head_dim**-0.5)  # [B, heads, N, hd]
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
 class AudioEncoderLayer(nn.Module):
@@ -93,7 +107,10 @@ class AudioEncoderLayer(nn.Module):
 
 
 class AlignerAudioEncoder(nn.Module):
-    """log-mel ``[n_mels, frames]`` -> audio embeddings ``[audio_tokens(frames), output_dim]``."""
+    """log-mel ``[n_mels, frames]`` -> audio embeddings ``[audio_tokens(frames), output_dim]``.
+
+    The work splits where an export needs it: :func:`chunk_mel` (host, shapes only) cuts the
+    mel; :meth:`encode` (the graph) runs convs, positions, the valid-token gather and the layers."""
 
     def __init__(self, cfg: AlignerAudioConfig):
         super().__init__()
@@ -109,25 +126,23 @@ class AlignerAudioEncoder(nn.Module):
         self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj2 = nn.Linear(cfg.d_model, cfg.output_dim)
 
-    def embed_chunks(self, mel: torch.Tensor) -> torch.Tensor:
-        """Conv front end: ``[n_mels, frames]`` -> the valid chunk tokens ``[N, d_model]`` (positions added)."""
-        lengths = chunk_lengths(mel.shape[1], self.cfg.chunk_frames)
-        if not lengths:
-            raise ValueError("the aligner needs at least one mel frame of audio")
-        width = max(lengths)
-        chunks = [F.pad(piece, (0, width - piece.shape[1])) for piece in mel.split(lengths, dim=1)]
-        x = torch.stack(chunks)[:, None]  # [chunks, 1, n_mels, width]
-        x = F.gelu(self.conv2d1(x))
+    def conv_tokens(self, chunks: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Conv front end: ``chunks [C, n_mels, W]``, ``keep [N]`` -> valid tokens ``[1, N, d_model]``, positions added."""
+        x = F.gelu(self.conv2d1(chunks[:, None]))
         x = F.gelu(self.conv2d2(x))
-        x = F.gelu(self.conv2d3(x))  # [chunks, C, F', T']
+        x = F.gelu(self.conv2d3(x))  # [C, channels, F', T']
         b, c, f, t = x.shape
-        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(b, t, c * f))  # [chunks, T', d_model]
+        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(b, t, c * f))  # [C, T', d_model]
         x = x + sinusoids(t, self.cfg.d_model).to(x.dtype)[None]
-        keep = [conv_out_len(n) for n in lengths]
-        return torch.cat([x[i, :n] for i, n in enumerate(keep)])
+        return x.reshape(b * t, -1).index_select(0, keep)[None]
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        x = self.embed_chunks(mel)
+    def encode(self, chunks: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """``chunks``, ``keep`` (:func:`chunk_mel`) -> audio embeddings ``[1, N, output_dim]``."""
+        x = self.conv_tokens(chunks, keep)
         for layer in self.layers:
             x = layer(x)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """``mel [n_mels, frames]`` -> ``[audio_tokens(frames), output_dim]``."""
+        return self.encode(*chunk_mel(mel, self.cfg.chunk_frames))[0]

@@ -6,8 +6,11 @@ SwiGLU), ``model.norm`` and ``lm_head`` (``classify_num`` = 5000 timestamp class
 text vocabulary).
 
 One causal pass over the whole prompt (the official model builds a causal mask although it never
-generates): the prompt's positions are 0 .. T-1 on all three M-RoPE streams, so its interleaved
-M-RoPE is the plain 1-D RoPE of :mod:`qtts.model.layers`.
+generates), with no KV cache: nothing is decoded after it. The prompt's positions are 0 .. T-1 on
+all three M-RoPE streams, so its interleaved M-RoPE is the plain 1-D RoPE of :mod:`qtts.model.layers`.
+Every step is a :mod:`qtts.model.layers` primitive (projections, q/k norms and RoPE in
+``Attention.qkv``, :func:`~qtts.model.layers.grouped_attention`, the MLP, the norms); only the
+cache is left out, so the same code exports to ONNX with dynamic lengths.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from torch import nn
 
 from ..aligner_config import AlignerTextConfig
-from .layers import DecoderLayer, RMSNorm, new_kv_cache, run_stack
+from .layers import DecoderLayer, RMSNorm, causal_mask, grouped_attention, rope_cos_sin
 
 
 class AlignerDecoder(nn.Module):
@@ -29,8 +32,15 @@ class AlignerDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
-        b, t, _ = embeds.shape
-        cache = new_kv_cache(self.cfg, t, batch=b, dtype=embeds.dtype, device=embeds.device)
-        hidden, _ = run_stack(self.layers, self.norm, embeds, 0, cache, self.cfg)
-        return hidden
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        positions = torch.arange(t, device=x.device)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        mask = causal_mask(0, t, device=x.device)
+        for layer in self.layers:
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            out = grouped_attention(q, k, v, mask, attn.head_dim**-0.5)  # [B, heads, T, hd]
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, attn.heads * attn.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
