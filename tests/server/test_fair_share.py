@@ -44,23 +44,23 @@ def server(engine, gate):
 class Request(threading.Thread):
     """One streamed speech request from ``source``: its status and when its first byte came."""
 
-    def __init__(self, url: str, source: str, name: str):
+    def __init__(self, url: str, source: str, name: str, headers: dict | None = None):
         super().__init__(daemon=True)
-        self.url, self.source, self.name = url, source, name
+        self.url, self.source, self.name, self.headers = url, source, name, headers
         self.status, self.first = None, None
 
     def run(self) -> None:
         transport = httpx.HTTPTransport(local_address=self.source)
         with httpx.Client(transport=transport, timeout=120) as client:
-            with client.stream("POST", self.url + "/v1/audio/speech", json=BODY) as r:
+            with client.stream("POST", self.url + "/v1/audio/speech", json=BODY, headers=self.headers) as r:
                 self.status = r.status_code
                 for _ in r.iter_raw():
                     self.first = self.first or time.monotonic()
 
 
-def send(srv, source: str, name: str, queued: int) -> Request:
+def send(srv, source: str, name: str, queued: int, headers: dict | None = None) -> Request:
     """Start a request and wait until the server has it in flight or queued (``queued`` waiting)."""
-    req = Request(srv.url, source, name)
+    req = Request(srv.url, source, name, headers)
     req.start()
     assert wait_for(lambda: metric(srv.url, "qtts_in_flight") == 1
                     and metric(srv.url, "qtts_queue_depth") == queued or req.status is not None, 30)

@@ -33,8 +33,11 @@ def whole_ids(tok, text: str) -> list[int]:
     """The prompt body of the whole text, exactly as build_prompt slices it."""
     try:
         cleaned = clean_text(text)
-    except InputError:
-        return []
+    except InputError:  # nothing visible: refused as empty (speakable), yet the tokenizer still sees the text
+        nfc = unicodedata.normalize("NFC", text)
+        cleaned = "".join(ch for ch in nfc if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs")).strip()
+        if not cleaned:
+            return []
     return list(_tokenize(tok, cleaned, Mode("xvector"), None)[1])
 
 

@@ -54,8 +54,12 @@ def _add_limits(p) -> None:
     p.add_argument("--max-connections", type=number(lo=1), default=256, metavar="N",
                    help="open connections at most; more get 503 (default 256)")
     p.add_argument("--max-connections-per-client", type=number(lo=1), default=64, metavar="N",
-                   help="open connections from one client address; more get 503 (default 64; behind a "
-                   "reverse proxy every client is the proxy: raise it)")
+                   help="open connections from one client address; more get 503 (default 64; a proxy named "
+                   "in --forwarded-allow-ips counts against --max-connections only)")
+    p.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP",
+                   help="a reverse proxy (IP address or network, e.g. 127.0.0.1 or 10.0.0.0/8; * any) whose "
+                   "X-Forwarded-For names the client; repeatable or comma-separated. Default: none, the client "
+                   "is the TCP peer (docs/server.md, who is a client)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web origin (scheme://host[:port]) whose pages may use the API besides the server's "
                    "own page; repeatable; * allows any (docs/server.md, origin policy)")
@@ -77,7 +81,7 @@ def _add_limits(p) -> None:
                    help="pings per second one socket may send, bursts of 2R (default 5)")
     w.add_argument("--ws-max-sessions-per-client", type=number(lo=1), default=2, metavar="N",
                    help="live sessions open at once from one client address; more are closed with 1013 "
-                   "(default 2; behind a reverse proxy every client is the proxy: raise it)")
+                   "(default 2; behind a reverse proxy name it with --forwarded-allow-ips)")
     w.add_argument("--ws-utterance-gap", type=number(float, above=0), default=1.0, metavar="S",
                    help="an utterance ends (its worker slot goes back) after S seconds without new text, or, "
                    "while others wait, when it waits for text S seconds beyond its audio (default 1)")
@@ -135,7 +139,9 @@ def _settings(args):
         model_id=args.model_id or args.model,
         access_log=not args.no_access_log, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         write_timeout_s=args.write_timeout, max_connections=args.max_connections,
-        max_connections_per_client=args.max_connections_per_client, allow_origins=tuple(args.allow_origin),
+        max_connections_per_client=args.max_connections_per_client,
+        forwarded_allow_ips=tuple(ip.strip() for v in args.forwarded_allow_ips for ip in v.split(",") if ip.strip()),
+        allow_origins=tuple(args.allow_origin),
         allow_hosts=tuple(args.allow_host), ws_max_messages_per_s=args.ws_max_messages_per_s,
         ws_max_pings_per_s=args.ws_max_pings_per_s, ws_max_message_chars=args.ws_max_message_chars,
         ws_max_session_chars=args.ws_max_session_chars,

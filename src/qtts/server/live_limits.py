@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import queue
 import time
-import unicodedata
 
 from ..config import SAMPLES_PER_FRAME
+from ..text.prompt import speakable  # noqa: F401 (the one rule for empty text; used by the live session)
 
 #: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
 #: internal error, try again later (busy, not ready)
@@ -86,12 +86,6 @@ def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
             return True
         stack.extend((c, depth + 1) for c in children)
     return False
-
-
-def speakable(text: str) -> bool:
-    """True when ``text`` changes what is spoken: it has a character that is neither whitespace
-    nor a control/format character (those are dropped or only separate words)."""
-    return any(not ch.isspace() and unicodedata.category(ch)[0] != "C" for ch in text)
 
 
 def capped_chunk(chunk, frames: int, cap: int):

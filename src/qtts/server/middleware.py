@@ -9,6 +9,8 @@ JSON access log.
   raised before the route parsed the body), the rest of the body is read and dropped first, up
   to ``DRAIN_CAP`` bytes: closing a socket with unread bytes makes the kernel send a TCP reset,
   which can destroy the response before the client reads it.
+* A request with both ``Content-Length`` and ``Transfer-Encoding`` (a request-smuggling shape) is
+  answered 400 and its connection closed (RFC 9112 section 6.1).
 * The origin policy (:mod:`qtts.server.origin`): a request whose ``Host`` does not name the
   server, or a WebSocket upgrade / state-changing request from another origin, gets 403 (the
   WebSocket handshake is refused with it) before any route runs.
@@ -145,7 +147,11 @@ class AccessMiddleware:
         try:
             wrong_type = _wrong_content_type(scope["method"], scope["path"], headers)
             refusal = self.policy.refusal(scope)
-            if refusal is not None:
+            if "content-length" in headers and "transfer-encoding" in headers:  # RFC 9112 6.1: then close
+                extra["error"] = "Content-Length with Transfer-Encoding"
+                await self._reject(send_wrapper, 400, "a request may not carry both Content-Length and "
+                                   "Transfer-Encoding (RFC 9112 section 6.1); the connection is closed", "bad_framing")
+            elif refusal is not None:
                 extra["error"] = refusal[1][:200]
                 await self._reject(send_wrapper, 403, refusal[1], refusal[0])
             elif body.length > body.limit:

@@ -29,6 +29,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost", "i
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
 _HOST_RE = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]|[0-9A-Fa-f:.]{2,45}")
+#: a whole Host header: a name or an IP literal, then an optional port of digits; nothing else
+_HOST_HEADER_RE = re.compile(rf"(?:{_HOST_RE.pattern})(?::[0-9]{{1,5}})?")
 _DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
 
 
@@ -96,7 +98,11 @@ class OriginPolicy:
         self.hosts = frozenset(LOOPBACK_NAMES | names)
 
     def host_ok(self, host: str | None) -> bool:
-        if not host or self.any_host:
+        if not host:
+            return True
+        if not _HOST_HEADER_RE.fullmatch(host.strip()):
+            return False  # userinfo (name@host), a port that is not digits, spaces: not a Host (RFC 9110 7.2)
+        if self.any_host:
             return True
         name, _ = _split_host(host)
         return name in self.hosts or name.endswith(".localhost") or (self.wildcard and _is_ip(name))

@@ -13,7 +13,10 @@ follows the h11 state of the client's side of each connection:
 * a response whose client stops reading (the transport's send buffer stays full) is aborted
   after ``write_timeout_s``;
 * past ``max_connections`` open connections, or ``max_connections_per_client`` from one client
-  address, a new one is answered 503 and closed at once.
+  address (a named proxy counts against the total only, :mod:`qtts.server.clients`), a new one is
+  answered 503 and closed: the answer and a FIN first, then what the client still sends (its
+  request) is read and dropped for up to ``LINGER_S``, so the client reads the 503 instead of a
+  TCP reset.
 
 A WebSocket upgrade hands the transport to :class:`GuardedWebSocketProtocol` (uvicorn's sans-I/O
 ``websockets`` protocol); the header and body timers stop there (a live speech session may last
@@ -42,6 +45,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from .errors import error_body
 
 log = logging.getLogger(__name__)
+#: a refused connection's lingering close: its 503 has this long to reach the client while what the
+#: client still sends is read and dropped
+LINGER_S = 2.0
 
 
 def _raw_response(status: int, reason: str, message: str, extra: str = "") -> bytes:
@@ -64,15 +70,44 @@ class GuardedH11Protocol(H11Protocol):
         self._write_timer = None
         self._served = False  # a response was completed on this connection
         self._partial = False  # bytes of the next request arrived, its headers are not complete
-        refusal = over_limit(self.connections, self.client, self.state.settings)
+        self._refused = False
+        refusal = over_limit(self.connections, self.client, self.state.settings, self._proxies())
         if refusal is not None:
-            self._count(refusal[0])
-            transport.write(_raw_response(503, "Service Unavailable", refusal[1], "retry-after: 1\r\n"))
-            transport.close()
+            self._refuse(refusal)
             return
         self._follow()
 
+    def _proxies(self):
+        cls = type(self)
+        if "_proxy_set" not in cls.__dict__:  # once per server (the class is made per app)
+            from .clients import Proxies
+
+            cls._proxy_set = Proxies(self.state.settings.forwarded_allow_ips)
+        return cls._proxy_set
+
+    def _refuse(self, refusal: tuple[str, str]) -> None:
+        """503 and a lingering close: the answer and a FIN go out, what the client still sends is
+        read and dropped for up to LINGER_S (closing with unread bytes would send a TCP reset,
+        which destroys the answer before the client reads it)."""
+        self._count(refusal[0])
+        self._refused = True
+        self.connections.discard(self)  # it no longer counts against a cap
+        self.transport.write(_raw_response(503, "Service Unavailable", refusal[1], "retry-after: 1\r\n"))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._timer = self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+    def eof_received(self):
+        if self._refused:
+            self.transport.close()
+            return None
+        return super().eof_received()
+
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the lingering close of a refused connection: dropped
         super().data_received(data)
         self._follow()
         self._partial = self._phase == "headers"
@@ -166,14 +201,15 @@ class GuardedH11Protocol(H11Protocol):
             self._write_timer = None
 
 
-def over_limit(connections, client, settings) -> tuple[str, str] | None:
-    """(reason, message) when one more connection from ``client`` passes a connection cap."""
+def over_limit(connections, client, settings, proxies=()) -> tuple[str, str] | None:
+    """(reason, message) when one more connection from ``client`` passes a connection cap (a named
+    proxy in ``proxies`` counts against the total only: :mod:`qtts.server.clients`)."""
     limit = settings.max_connections
     if len(connections) > limit:
         return "over_limit", f"too many open connections (the limit is {limit}); retry shortly"
     host = client[0] if client else None
     per = settings.max_connections_per_client
-    if host is not None and len(connections) > per:
+    if host is not None and len(connections) > per and host not in proxies:
         mine = sum(1 for c in connections if (getattr(c, "client", None) or (None,))[0] == host)
         if mine > per:
             return "over_client_limit", (f"too many open connections from {host} (the limit is {per} per client "

@@ -40,7 +40,9 @@ def _config(app, log_level: str, access_log: bool):
     from .protocol import guarded_protocol, guarded_ws_protocol
 
     state = app.state.qtts
+    proxies = list(state.settings.forwarded_allow_ips)  # who is a client (qtts.server.clients): none by default
     return uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+                          proxy_headers=bool(proxies), forwarded_allow_ips=proxies or [],
                           timeout_graceful_shutdown=5, http=guarded_protocol(state),
                           timeout_keep_alive=state.settings.keep_alive_s, ws=guarded_ws_protocol(state),
                           ws_max_size=WS_MAX_BYTES)

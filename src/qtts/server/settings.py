@@ -63,8 +63,11 @@ class ServerSettings:
     #: open connections at most; one more is answered 503 and closed at once
     max_connections: int = 256
     #: open connections (HTTP and WebSocket) from one client address at most; one more gets 503
-    #: (behind a reverse proxy every client has the proxy's address: raise it to max_connections)
+    #: (a named proxy, ``forwarded_allow_ips``, counts against max_connections only)
     max_connections_per_client: int = 64
+    #: reverse proxies (IP addresses or networks; ``*``: any peer) whose X-Forwarded-For names the
+    #: client; none by default: a client is the TCP peer (:mod:`qtts.server.clients`)
+    forwarded_allow_ips: tuple[str, ...] = ()
     #: origins (``scheme://host[:port]``) whose pages may drive the API besides the server's own
     #: (``*``: any); others get 403 on WebSocket upgrades and state-changing requests
     allow_origins: tuple[str, ...] = ()
@@ -85,7 +88,7 @@ class ServerSettings:
     #: more closes the session (1008)
     ws_max_messages_per_s: float = 200.0
     #: WebSocket: live sessions open at once from one client address; one more is closed with 1013
-    #: (``too_many_sessions``). Behind a reverse proxy every client has the proxy's address: raise it
+    #: (``too_many_sessions``). Behind a reverse proxy, name it in ``forwarded_allow_ips``
     ws_max_sessions_per_client: int = 2
     #: WebSocket: an utterance's text input ends (the talker speaks what it has, the worker slot goes
     #: back) after this many seconds without new text; while other requests wait for a slot, also
@@ -140,6 +143,9 @@ class ServerSettings:
         for name in ("ws_max_messages_per_s", "ws_max_pings_per_s"):
             if not 0 < getattr(self, name) <= 1e6:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 1000000] per second")
+        from .clients import check_proxies
+
+        object.__setattr__(self, "forwarded_allow_ips", check_proxies(self.forwarded_allow_ips))
         from .origin import check_allow_lists
 
         check_allow_lists(self.allow_origins, self.allow_hosts)

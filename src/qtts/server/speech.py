@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import SAMPLES_PER_FRAME
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from ..text.prompt import speakable
 from .errors import ERROR_RESPONSES, ApiError, public_message
 from .formats import MEDIA_TYPES, open_format
 from .responses import JobStreamingResponse
@@ -86,8 +87,9 @@ class SpeechPlan:
 
 
 def _check_request(req: SpeechRequest, settings) -> str:
-    if not req.input.strip():
-        raise ApiError(400, "'input' is empty: send the text to speak", "empty_input", "input")
+    if not speakable(req.input):
+        raise ApiError(400, "'input' is empty (only whitespace or invisible format or control characters): send "
+                       "the text to speak", "empty_input", "input")
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"'input' has {len(req.input)} characters; the limit is {settings.max_input_chars}: "
                        "split the text into several requests", "input_too_long", "input")
@@ -273,6 +275,26 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
         item = await job.next()
 
 
+async def _first(job: Job, request: Request):
+    """The job's first item, or ApiError 499 when the client hangs up before it comes (a FLAC
+    response has no bytes before the end of generation, so only this watch notices; the caller
+    cancels the job, which stops within a frame and is counted as cancelled)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass  # the body was read: only the disconnect (or nothing) comes
+
+    item, watch = asyncio.ensure_future(job.next()), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({item, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if item.done():
+            return item.result()
+        raise ApiError(499, "the client closed the connection before the first audio", "client_closed")
+    finally:
+        for task in (item, watch):
+            task.cancel()
+
+
 @router.post("/v1/audio/speech", response_class=Response,
              responses={200: {"content": {m: {} for m in (*MEDIA_TYPES.values(), "text/event-stream")},
                               "description": "Audio bytes, streamed as they are generated."},
@@ -294,7 +316,7 @@ async def create_speech(req: SpeechRequest, request: Request):
     job = Job(state.scheduler, slot, _produce(plan, state.metrics), owner)
     job.start()
     try:
-        first = await job.next()
+        first = await _first(job, request)
     except BaseException:
         job.cancel()
         raise

@@ -175,11 +175,20 @@ def _speaker_mode(config, speaker, instruct, lang: str) -> Mode:
 
 
 def _empty(what: str) -> InputError:
-    return InputError(f"{what} is empty (nothing to speak after removing whitespace and control characters)")
+    return InputError(f"{what} is empty (nothing to speak after removing whitespace and invisible format or "
+                      "control characters)")
+
+
+def speakable(text: str) -> bool:
+    """The one rule for "empty" text (every surface: API, CLI, HTTP, WebSocket, Wyoming): True when
+    ``text`` has a character that is neither whitespace nor a control, format, surrogate,
+    private-use or unassigned character (category C*: invisible, or dropped before the model)."""
+    return any(not ch.isspace() and unicodedata.category(ch)[0] != "C" for ch in text)
 
 
 def clean_text(text, what: str = "text") -> str:
-    """NFC, control characters (except newline/tab) removed, stripped; empty -> InputError."""
+    """NFC, control characters (except newline/tab) removed, stripped; not :func:`speakable` ->
+    InputError."""
     if not isinstance(text, str):
         raise InputError(f"{what} must be a string, got {type(text).__name__}")
     if len(text) > MAX_TEXT_CHARS:
@@ -187,7 +196,7 @@ def clean_text(text, what: str = "text") -> str:
     text = unicodedata.normalize("NFC", text)
     text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
     text = text.strip()
-    if not text:
+    if not speakable(text):
         raise _empty(what)
     return text
 
