@@ -1,10 +1,13 @@
 """Attacks on the Wyoming server over loopback TCP (tiny CustomVoice engine): a client that stops
 reading, malformed events of every kind, an unknown speaker, idle connections past the cap, and
-a Base voice catalog with symlinks. Every read has a deadline."""
+a Base voice catalog with symlinks; issue 38: one address's idle sockets, one client's long
+requests (a good client from 127.0.0.2 is served), the frame cap per request, invisible text.
+Every read has a deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -43,23 +46,33 @@ def raw_line(event_type: str, data=None) -> bytes:
     return json.dumps(header).encode() + b"\n"
 
 
-async def raw_exchange(port: int, payload: bytes, deadline: float = SLACK_S) -> tuple[list[dict], bool]:
-    """Send ``payload`` on a fresh connection; (events the server sent, whether it closed)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def read_one(reader) -> dict | None:
+    """The next event (header, data merged; payload skipped), None at the end of the stream."""
+    line = await reader.readline()
+    if not line:
+        return None
+    header = json.loads(line)
+    if header.get("data_length"):
+        header.setdefault("data", {}).update(json.loads(await reader.readexactly(header["data_length"])))
+    if header.get("payload_length"):
+        await reader.readexactly(header["payload_length"])
+    return header
+
+
+async def raw_exchange(port: int, payload: bytes, deadline: float = SLACK_S, source: str = "127.0.0.1",
+                       last: str | None = None) -> tuple[list[dict], bool]:
+    """Send ``payload`` on a fresh connection from ``source``; (events the server sent until it closed
+    or sent an event of type ``last``, whether it closed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     writer.write(payload)
     await writer.drain()
     events, closed = [], False
     try:
-        while True:
-            line = await asyncio.wait_for(reader.readline(), deadline)
-            if not line:
+        while not events or events[-1]["type"] != last:
+            header = await asyncio.wait_for(read_one(reader), deadline)
+            if header is None:
                 closed = True
                 break
-            header = json.loads(line)
-            if header.get("data_length"):
-                header.setdefault("data", {}).update(json.loads(await reader.readexactly(header["data_length"])))
-            if header.get("payload_length"):
-                await reader.readexactly(header["payload_length"])
             events.append(header)
     except asyncio.TimeoutError:
         pass
@@ -208,3 +221,128 @@ def test_base_catalog_lists_and_reads_regular_files_only(tmp_path):
     os.symlink(outside / "secret.voice", d / "me.voice")  # swapped for a link after it was listed
     with pytest.raises(qtts.errors.InputError):
         cat.load_voice(choice)
+
+
+class Counting:
+    """A TTS that counts every frame it generates (all calls together)."""
+
+    def __init__(self, engine):
+        self.engine, self.frames = engine, 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream(self, *args, **kwargs):
+        for chunk in self.engine.stream(*args, **kwargs):
+            self.frames += chunk.num_frames
+            yield chunk
+
+
+async def good_audio(port: int, text: str = "Good client.") -> list[dict]:
+    """A good client on 127.0.0.2: its events up to audio-stop (an error fails the test)."""
+    events, _ = await raw_exchange(port, raw_line("synthesize", {"text": text}), 60.0, "127.0.0.2", "audio-stop")
+    assert [e["type"] for e in events][-1:] == ["audio-stop"], events[-3:]
+    return events
+
+
+async def settle(service, count: int) -> None:
+    for _ in range(200):
+        if len(service.connections) >= count:
+            return
+        await asyncio.sleep(0.02)
+
+
+def test_one_address_cannot_take_every_connection(cv_engine):
+    """(issue 38) 16 idle sockets from 127.0.0.1 (the default cap of the whole service): past its
+    per-address share they get too_many_connections, and 127.0.0.2 is still served."""
+
+    async def scenario():
+        service, server, port = await start(cv_engine)
+        s = service.settings
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(s.max_connections)]
+            await settle(service, s.max_connections_per_client)
+            refused = 0
+            for reader, _ in idle[s.max_connections_per_client:]:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    event = await asyncio.wait_for(read_one(reader), SLACK_S)
+                    refused += (event or {}).get("data", {}).get("code") == "too_many_connections"
+            good = await good_audio(port)
+            for _, writer in idle:
+                writer.close()
+            return s, refused, good
+        finally:
+            await server.stop()
+
+    s, refused, good = run(scenario())
+    assert s.max_connections_per_client < s.max_connections
+    assert refused == s.max_connections - s.max_connections_per_client
+    assert any(e["type"] == "audio-chunk" for e in good)
+
+
+def test_long_requests_of_a_client_that_never_reads_do_not_hold_the_engine(cv_engine):
+    """(issue 38) A client with a 4 KiB receive buffer sends three synthesize events of 4,096
+    characters and reads nothing: a good client from 127.0.0.2 gets its audio after at most a
+    piece of the other's request (a context of at most CONTEXT_FRAMES here), not after all of it."""
+    from test_harden_capacity import CONTEXT_FRAMES, ShortContexts
+
+    engine = Counting(ShortContexts(cv_engine.components))
+
+    async def scenario():
+        service, server, port = await start(engine, max_frames=None)
+        try:
+            stalled = socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            long = ("A long sentence that nobody will ever hear from this server. " * 70)[:4096]
+            stalled.sendall(raw_line("synthesize", {"text": long}) * 3)
+            for _ in range(400):
+                if engine.frames:
+                    break
+                await asyncio.sleep(0.05)
+            before = engine.frames
+            good = await good_audio(port)
+            waited = engine.frames - before
+            stalled.close()
+            return good, waited
+        finally:
+            await server.stop()
+
+    good, waited = run(scenario())
+    assert any(e["type"] == "audio-chunk" for e in good)
+    assert waited <= 3 * CONTEXT_FRAMES, waited  # the rest of one piece of the other, then its own
+
+
+def test_a_request_has_one_frame_cap_in_all(cv_engine):
+    """(issue 38) The frame cap holds for a whole request, however many sentences it has; by
+    default it is the HTTP server's."""
+    from qtts.server import ServerSettings
+
+    assert WyomingSettings().max_request_frames == ServerSettings().max_frames
+
+    async def scenario():
+        service, server, port = await start(cv_engine, max_frames=None, max_request_frames=6)
+        try:
+            text = " ".join(f"Sentence number {i} is here." for i in range(40))
+            events, _ = await raw_exchange(port, raw_line("synthesize", {"text": text}), 60.0, last="audio-stop")
+            return events
+        finally:
+            await server.stop()
+
+    events = run(scenario())
+    samples = sum(e["payload_length"] // 2 for e in events if e["type"] == "audio-chunk")
+    assert events[-1]["type"] == "audio-stop" and 0 < samples <= 6 * 1920, samples
+
+
+def test_invisible_text_is_empty(cv_engine):
+    """(issue 38) Text of only format or control characters is refused as empty, as on every surface."""
+
+    async def scenario():
+        service, server, port = await start(cv_engine)
+        try:
+            return [await raw_exchange(port, raw_line("synthesize", {"text": t})) for t in ("\u200b\u2060", "\x01")]
+        finally:
+            await server.stop()
+
+    for events, closed in run(scenario()):
+        assert closed and [e["type"] for e in events] == ["error"] and "empty" in events[0]["data"]["text"], events

@@ -225,10 +225,10 @@ def test_client_disconnect_stops_generation(cv_engine):
             assert await asyncio.to_thread(watched.closed.wait, 60)
             stopped_at = watched.frames
             for _ in range(600):  # the engine is released once the worker thread has returned
-                if not service.lock.locked():
+                if not service.turns.busy:
                     break
                 await asyncio.sleep(0.05)
-            assert not service.lock.locked()
+            assert not service.turns.busy
             watched.cap = FRAMES
             async with client(uri) as c:
                 await c.write_event(Synthesize(text="Still here.").event())

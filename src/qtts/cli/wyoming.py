@@ -25,12 +25,16 @@ def register(sub) -> None:
     p.add_argument("--seed", type=number(lo=0), help="seed sampling: the same text always sounds the same")
     p.add_argument("--max-frames", type=number(lo=1), metavar="N",
                    help="frame budget per sentence (12.5 frames/s; default: from the text length)")
+    p.add_argument("--max-request-frames", type=number(lo=1), default=2048, metavar="N",
+                   help="frames of one request (or streamed sentence) in all (default 2048 = 164 s, as qtts serve)")
     p.add_argument("--max-chars", type=number(lo=1), default=4096, metavar="N",
                    help="longest text of one request (default 4096)")
     p.add_argument("--no-streaming", action="store_true",
                    help="do not offer streaming synthesis (synthesize-start/-chunk/-stop)")
     p.add_argument("--max-connections", type=number(lo=1), default=16, metavar="N",
                    help="open client connections at most; more get an error event (default 16)")
+    p.add_argument("--max-connections-per-client", type=number(lo=1), default=8, metavar="N",
+                   help="open connections from one client address (default 8)")
     p.add_argument("--idle-timeout", type=number(float, above=0), default=60.0, metavar="S",
                    help="close a connection that sends nothing for S seconds while nothing is spoken (default 60)")
     p.add_argument("--write-timeout", type=number(float, above=0), default=10.0, metavar="S",
@@ -43,7 +47,9 @@ def _settings(args):
     return WyomingSettings(uri=args.uri, voices_dir=args.voices, voice=args.voice, language=args.language,
                            instruct=args.instruct, speed=args.speed, seed=args.seed, max_frames=args.max_frames,
                            max_chars=args.max_chars, streaming=not args.no_streaming,
-                           max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                           max_request_frames=args.max_request_frames, max_connections=args.max_connections,
+                           max_connections_per_client=args.max_connections_per_client,
+                           idle_timeout_s=args.idle_timeout,
                            write_timeout_s=args.write_timeout)
 
 

@@ -36,13 +36,12 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError
 from .metrics import ServerMetrics
+from .shares import SHARE_TAU_S, Shares  # noqa: F401 (the fair share: one rule, also Wyoming's)
 
 log = logging.getLogger(__name__)
 
 #: a later waiter (a live session's next utterance) that waited this long is served like a first one
 PROMOTE_S = 5.0
-#: time constant (s) of an address's recent slot-seconds, the second key of the fair share
-SHARE_TAU_S = 60.0
 #: the owner of a slot taken without an address (tests, internal callers, a client uvicorn did not name)
 NOBODY = "?"
 
@@ -59,42 +58,6 @@ def address(conn) -> str:
     """The client address of a Starlette request or WebSocket (the fair share's owner)."""
     client = getattr(conn, "client", None)
     return client.host if client else NOBODY
-
-
-class Shares:
-    """Per client address: slots held now and slot-seconds held lately (an exponential decay with
-    time constant SHARE_TAU_S). Addresses that hold nothing and have decayed away are dropped, so
-    the table stays as small as the set of recent clients."""
-
-    def __init__(self):
-        self._held: dict[str, list[float]] = {}  # owner -> start times of the slots it holds
-        self._used: dict[str, tuple[float, float]] = {}  # owner -> (slot-seconds, at time)
-
-    def take(self, owner: str) -> None:
-        self._held.setdefault(owner, []).append(time.monotonic())
-
-    def give(self, owner: str) -> None:
-        starts = self._held.get(owner)
-        if not starts:
-            return
-        now = time.monotonic()
-        held_s = now - starts.pop(0)  # the pairing does not change the sum of the seconds
-        if not starts:
-            del self._held[owner]
-        self._used[owner] = (self.used(owner, now) + held_s, now)
-        self._prune(now)
-
-    def used(self, owner: str, now: float) -> float:
-        value, at = self._used.get(owner, (0.0, now))
-        return value * math.exp(-(now - at) / SHARE_TAU_S)
-
-    def key(self, owner: str, now: float) -> tuple[int, float]:
-        """Smaller is served first."""
-        return len(self._held.get(owner, ())), self.used(owner, now)
-
-    def _prune(self, now: float) -> None:
-        for owner in [o for o in self._used if o not in self._held and self.used(o, now) < 0.01]:
-            del self._used[owner]
 
 
 class Scheduler:

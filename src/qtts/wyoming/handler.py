@@ -13,7 +13,10 @@ connection, so a client waiting for ``audio-stop`` never hangs. Limits: every wr
 deadline (``write_timeout_s``: a client that stops reading is dropped, and the engine is never
 held while waiting for it, :mod:`qtts.wyoming.service`), a connection that sends nothing while
 nothing is being spoken is closed after ``idle_timeout_s`` (error ``idle_timeout``), one past
-``max_connections`` gets ``too_many_connections``, and at most ``MAX_JOBS`` utterances wait.
+``max_connections``, or past ``max_connections_per_client`` from one client address (the TCP
+peer, :mod:`qtts.server.clients`), gets ``too_many_connections``, and at most ``MAX_JOBS``
+utterances wait. Each utterance takes the engine in turns with the other connections (fair share
+by address) and stops at ``max_request_frames``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from ..audio.chunk import float_to_int16
 from ..config import SAMPLE_RATE
 from ..errors import InputError
+from ..server.clients import peer_address
+from ..text.prompt import speakable
 from .catalog import VoiceNotFound
 from .events import MalformedEvent, read_event, voice_fields, write_event
 
@@ -53,15 +58,16 @@ class QttsEventHandler(AsyncEventHandler):
         self.speaker_task: asyncio.Task | None = None
         self.session = None  # (choice, text buffer, characters so far) between synthesize-start and -stop
         self.pending = 0  # jobs queued or being spoken
+        self.client = peer_address(writer.get_extra_info("peername"))  # who is a client: qtts.server.clients
 
     async def run(self) -> None:
         """Read events until the client leaves, breaks a rule, idles or the handler stops."""
         self._is_running = True
         svc, s = self.service, self.service.settings
         try:
-            if len(svc.connections) >= s.max_connections:
-                await self.fail(InputError(f"too many connections (this server takes {s.max_connections}); retry "
-                                           "shortly"), code="too_many_connections")
+            refusal = self._over_limit()
+            if refusal:
+                await self.fail(InputError(refusal), code="too_many_connections")
                 return
             svc.connections.add(self)
             while self._is_running:
@@ -84,6 +90,16 @@ class QttsEventHandler(AsyncEventHandler):
             svc.connections.discard(self)
             await self.disconnect()
             self.writer.close()
+
+    def _over_limit(self) -> str | None:
+        s, open_now = self.service.settings, self.service.connections
+        if len(open_now) >= s.max_connections:
+            return f"too many connections (this server takes {s.max_connections}); retry shortly"
+        mine = sum(1 for c in open_now if c.client == self.client)
+        if mine >= s.max_connections_per_client:
+            return (f"too many connections from {self.client} (this server takes {s.max_connections_per_client} per "
+                    "client address); close one, or retry shortly")
+        return None
 
     async def write_event(self, event: Event) -> None:
         """Send ``event``; ConnectionError when the client reads nothing for ``write_timeout_s``."""
@@ -138,7 +154,7 @@ class QttsEventHandler(AsyncEventHandler):
             raise InputError("synthesize-stop without synthesize-start")
         choice, rest, _ = self.session
         self.session = None
-        if rest.strip():
+        if speakable(rest):
             self.enqueue(rest, choice)
         self.enqueue(None, _STOPPED)
 
@@ -175,7 +191,7 @@ class QttsEventHandler(AsyncEventHandler):
     async def _speak(self, text: str, choice) -> None:
         """One utterance: audio-start, its chunks as they are generated, audio-stop."""
         rate = None
-        async with contextlib.aclosing(self.service.audio(text, choice)) as chunks:
+        async with contextlib.aclosing(self.service.audio(text, choice, self.client)) as chunks:
             async for chunk in chunks:
                 if rate is None:
                     rate = chunk.sample_rate

@@ -1,13 +1,17 @@
-"""The Wyoming service: settings, the engine behind a lock, audio streamed from a worker thread.
+"""The Wyoming service: settings, the engine taken in turns, audio streamed from a worker thread.
 
-One engine serves one generation at a time (Home Assistant sends one request at a time per
-pipeline); other connections wait their turn. Generation runs on a worker thread and hands each
-:class:`qtts.audio.AudioChunk` to the event loop as soon as the engine yields it; when the
-consumer stops (the client left, or the connection failed) the worker's cancel event is set,
-generation stops within one frame, and the engine is released only after the worker returned.
-The engine is held only while the worker generates, never while a connection waits for its
-client to read: audio generated faster than the client reads waits in that connection's queue
-(one utterance at most), and a client that reads nothing for ``write_timeout_s`` is dropped
+One engine serves one generation at a time. A request is spoken piece by piece (the engine's own
+sentence pieces, :data:`qtts.options.SynthesisOptions.max_sentence_chars` characters at most), and
+each piece takes the engine in turn: when a piece ends and other connections wait, the engine goes
+to the one whose client address holds it least and used it least lately (the HTTP queue's fair
+share, :class:`qtts.server.shares.Turns`), so one long request delays another client by at most
+one piece. A request stops at ``max_request_frames`` in all (the HTTP server's default cap).
+Generation runs on a worker thread and hands each :class:`qtts.audio.AudioChunk` to the event loop
+as soon as the engine yields it; when the consumer stops (the client left, or the connection
+failed) the worker's cancel event is set, generation stops within one frame, and the engine is
+given back only after the worker returned. The engine is never held while a connection waits for
+its client to read: audio generated faster than the client reads waits in that connection's queue
+(one piece at most), and a client that reads nothing for ``write_timeout_s`` is dropped
 (:mod:`qtts.wyoming.handler`).
 """
 
@@ -22,6 +26,9 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
+from ..server.clients import LOCAL
+from ..server.live_limits import capped_chunk
+from ..server.shares import Turns
 from .catalog import Catalog, Choice
 
 log = logging.getLogger(__name__)
@@ -46,12 +53,18 @@ class WyomingSettings:
     seed: int | None = None
     #: frame budget per sentence (12.5 frames/s); None = from the text length (the runaway guard)
     max_frames: int | None = None
+    #: frames of one synthesize request (or one streamed sentence) in all; the HTTP server's
+    #: default cap (``qtts serve --max-frames``): 164 s of audio
+    max_request_frames: int = 2048
     #: longest text of one synthesize request (or one streamed session), in characters
     max_chars: int = 4096
     #: answer synthesize-start/-chunk/-stop (sentences are spoken as soon as they are complete)
     streaming: bool = True
     #: open client connections at most; one more gets an error event and is closed
     max_connections: int = 16
+    #: open connections from one client address (the TCP peer) at most; one more gets
+    #: ``too_many_connections``, so one address cannot take every connection
+    max_connections_per_client: int = 8
     #: a connection that sends no event for this long while nothing is being spoken is closed
     idle_timeout_s: float = 60.0
     #: a client that reads nothing of what is sent for this long is dropped
@@ -63,15 +76,16 @@ class WyomingSettings:
         SynthesisOptions(speed=self.speed, seed=self.seed, max_frames=self.max_frames).validate()
         if self.max_chars < 1:
             raise InputError(f"max_chars={self.max_chars}: must be >= 1")
-        if self.max_connections < 1:
-            raise InputError(f"max_connections={self.max_connections}: must be >= 1")
+        for name in ("max_connections", "max_connections_per_client", "max_request_frames"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name}={getattr(self, name)}: must be >= 1")
         for name in ("idle_timeout_s", "write_timeout_s"):
             if not 0 < getattr(self, name) <= 86400:
                 raise InputError(f"{name}={getattr(self, name)}: must be in (0, 86400] seconds")
 
 
 class WyomingService:
-    """The shared state of every connection: engine, catalog, lock, worker threads."""
+    """The shared state of every connection: engine, catalog, turns, worker threads."""
 
     def __init__(self, engine, settings: WyomingSettings | None = None):
         self.settings = settings or WyomingSettings()
@@ -79,15 +93,9 @@ class WyomingService:
         self.catalog = Catalog(engine, self.settings.voices_dir, self.settings.voice,
                                self.settings.language, self.settings.instruct)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qtts-wyoming")
-        self._lock: asyncio.Lock | None = None
-        self.generations = 0  # started generations (tests and logs)
-        self.connections: set = set()  # open handlers (the connection cap)
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        if self._lock is None:  # created on the serving loop
-            self._lock = asyncio.Lock()
-        return self._lock
+        self.turns = Turns()  # the engine, taken in turns by the fair share (module docstring)
+        self.generations = 0  # started generations, one per piece (tests and logs)
+        self.connections: set = set()  # open handlers (the connection caps)
 
     def options(self):
         from ..options import SynthesisOptions
@@ -95,30 +103,44 @@ class WyomingService:
         s = self.settings
         return SynthesisOptions(speed=s.speed, seed=s.seed, max_frames=s.max_frames)
 
-    async def audio(self, text: str, choice: Choice) -> AsyncIterator:
-        """The AudioChunks of ``text`` as they are generated (holding the engine meanwhile).
+    def pieces(self, text: str) -> list[str]:
+        """The engine's sentence pieces of ``text`` (what one ``stream`` call would speak in turn)."""
+        from ..text.sentences import pack_sentences
 
-        Input errors of the engine are raised before the first chunk; closing this iterator
-        (or cancelling its consumer) stops the generation."""
+        limit = self.options().max_sentence_chars
+        return [text] if len(text) <= limit else pack_sentences(text, limit) or [text]
+
+    async def audio(self, text: str, choice: Choice, owner: str = LOCAL) -> AsyncIterator:
+        """The AudioChunks of ``text`` as they are generated, piece by piece, each piece taking the
+        engine in turn for client address ``owner``; ``max_request_frames`` in all.
+
+        Input errors (empty or too long text, an engine's refusal) are raised before the first
+        chunk; closing this iterator (or cancelling its consumer) stops the generation."""
+        from ..text.prompt import clean_text
+
         if len(text) > self.settings.max_chars:
             raise InputError(f"the text has {len(text)} characters; this server's limit is "
                              f"{self.settings.max_chars} (--max-chars)")
-        await self.lock.acquire()
-        try:
-            voice = await asyncio.to_thread(self.catalog.load_voice, choice)
-        except BaseException:
-            self.lock.release()
-            raise
-        async for chunk in self._generate(text, choice, voice):  # releases the lock when the worker returns
-            yield chunk
+        clean_text(text, what="the text")  # empty (nothing visible) -> InputError, the rule of every surface
+        voice = await asyncio.to_thread(self.catalog.load_voice, choice)
+        frames, cap = 0, self.settings.max_request_frames
+        for piece in self.pieces(text):
+            async with contextlib.aclosing(self._generate(piece, choice, voice, owner)) as chunks:  # one turn
+                async for chunk in chunks:
+                    samples, n = capped_chunk(chunk, frames, cap)
+                    frames += n
+                    yield chunk if len(samples) == len(chunk.samples) else dataclasses.replace(chunk, samples=samples)
+                    if frames >= cap:
+                        return
 
-    async def _generate(self, text: str, choice: Choice, voice) -> AsyncIterator:
-        """Chunks from a worker thread; the engine lock (held on entry) is released as soon as the
-        worker returns, even while the consumer is still sending its chunks."""
+    async def _generate(self, text: str, choice: Choice, voice, owner: str) -> AsyncIterator:
+        """Chunks of one piece from a worker thread; the engine turn is taken first and given back
+        as soon as the worker returns, even while the consumer is still sending its chunks."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
         options = dataclasses.replace(self.options(), language=choice.language, cancel=stop)
+        await self.turns.take(owner)
         self.generations += 1
 
         def put(kind, value=None):
@@ -144,9 +166,9 @@ class WyomingService:
         try:
             done = loop.run_in_executor(self.executor, work)
         except BaseException:
-            self.lock.release()
+            self.turns.give(owner)
             raise
-        done.add_done_callback(lambda _: self.lock.release())
+        done.add_done_callback(lambda _: self.turns.give(owner))
         try:
             while True:
                 kind, value = await items.get()
