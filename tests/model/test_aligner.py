@@ -158,3 +158,11 @@ def test_random_checkpoint_refuses_talker_options(tmp_path):
         write_random_checkpoint(str(tmp_path / "x"), kind="forced_aligner", planted=True)
     with pytest.raises(InputError, match="tiny"):
         write_random_checkpoint(str(tmp_path / "y"), kind="forced_aligner", size="mid")
+
+
+def test_cli_writes_an_aligner_checkpoint(tmp_path, capsys):
+    from qtts.cli import main
+
+    assert main(["random-checkpoint", str(tmp_path / "al"), "--kind", "forced_aligner", "--tokenizer", TOKENIZER]) == 0
+    assert "forced_aligner" in capsys.readouterr().out
+    assert AlignerConfig.from_dir(str(tmp_path / "al")).classify_num == 5000
