@@ -11,11 +11,10 @@ audio of the expected length is an error. RSS (psutil) is sampled over time; gro
 from the end of the warm-up to the end of the run.
 
 Good clients' time to first audio and real-time factor (request wall time / audio seconds) are
-reported as p50/p95. ``--attackers`` adds one hostile client of each kind of the 2026-12-01
-probe (``scripts/soak_attackers.py``: stalled readers, idle holders, message and ping floods,
-tiny deltas, many sockets, other origins, voice-directory churn, bad JSON, and with a local
-server a Wyoming service on its own engine with a stalled reader and malformed events), each
-cycling until the end; an attack whose outcome is not the documented one counts as an error.
+reported as p50/p95. ``--attackers`` adds one hostile client of each kind of the 2026-12-01 and
+-04 probes (``scripts/soak_attackers*.py``; with a local server also a Wyoming service on its own
+engine, its attackers, and a good Wyoming client timing its first audio), each cycling until the
+end; an attack whose outcome is not the documented one counts as an error.
 ``--baseline S`` first runs the same clients for S seconds without attackers, then the attack
 phase for ``--duration``: both phases' first audio and RTF p50/p95 are reported, and the soak
 fails when an attack-phase p95 passes ``--bound-factor`` times its no-attack p95 (and, with
@@ -45,7 +44,7 @@ import time
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from soak_local import start_local  # noqa: E402  (a sibling script)
+from soak_local import start_local, wyoming_good_client  # noqa: E402  (a sibling script)
 
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Streaming speech, chunk by chunk.",
          "Numbers like 42 and 1999 are fine too.", "短い文です。", "Ein kurzer Satz."]
@@ -132,6 +131,7 @@ class Soak:
         self.stats = {"ok": 0, "disconnected": 0, "rejected_as_expected": 0, "errors": 0}
         self.ttfa: dict[str, list[float]] = {}  # per phase: good clients' seconds to the first audio bytes
         self.rtf: dict[str, list[float]] = {}  # per phase: good clients' request wall time / audio seconds
+        self.wy_ttfa: dict[str, list] = {}  # per phase: the good Wyoming client's seconds to first audio (None: failed)
         self.errors: list[str] = []
         self.phase, self.deadline = "run", time.monotonic()
         self.queued: dict[str, dict] = {}  # per phase: admissions that waited, and their mean wait
@@ -140,9 +140,12 @@ class Soak:
         """The good clients, back to back for ``seconds`` (their figures filed under ``name``),
         and the server's admission queue meanwhile (every request and live utterance)."""
         self.phase, self.deadline = name, time.monotonic() + seconds
-        self.ttfa[name], self.rtf[name] = [], []
+        self.ttfa[name], self.rtf[name], self.wy_ttfa[name] = [], [], []
         before = queue_wait(self.url)
         clients = [threading.Thread(target=self.client_loop, args=(k,)) for k in range(self.args.streams)]
+        if getattr(getattr(self.args, "local", None), "wyoming_port", None):  # a good client of the Wyoming service
+            clients.append(threading.Thread(target=wyoming_good_client, args=(
+                self.args.local.wyoming_port, self.deadline, self.wy_ttfa[name])))
         for c in clients:
             c.start()
         for c in clients:
@@ -161,8 +164,7 @@ class Soak:
     def record(self, key: str, error: str | None = None) -> None:
         with self.lock:
             self.stats[key] += 1
-            if error and len(self.errors) < 20:
-                self.errors.append(error)
+            self.errors += [error] if error and len(self.errors) < 20 else []
 
     def one(self, client, i: int) -> None:
         fmt = FORMATS[i % len(FORMATS)]
@@ -315,6 +317,9 @@ def run(args) -> dict:
         prefix = "baseline_" if phase == "baseline" else ""
         report.update(_percentiles(prefix + "ttfa_s", soak.ttfa[phase]), **_percentiles(prefix + "rtf", soak.rtf[phase]))
         report.update({prefix + k: v for k, v in soak.queued[phase].items()})
+        wy = soak.wy_ttfa.get(phase, [])
+        report.update(_percentiles(prefix + "wyoming_ttfa_s", [t for t in wy if t is not None]))
+        report[prefix + "wyoming_failed"] = sum(t is None for t in wy)
     report["bounds"] = _bounds(report, args.bound_factor)
     report["absolute_bounds"] = _absolute_bounds(report, {"ttfa_s": args.ttfa_bound, "rtf": args.rtf_bound})
     report["cpu_s"] = {"this_process": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
@@ -371,6 +376,9 @@ def main(argv=None) -> int:
                   f"{report[prefix + 'ttfa_s_p95']} s; RTF p50 {report[prefix + 'rtf_p50']}, p95 "
                   f"{report[prefix + 'rtf_p95']}; {report[prefix + 'queued']} admissions waited, "
                   f"{report[prefix + 'queue_wait_mean_s']} s on average")
+        if f"{prefix}wyoming_ttfa_s_p50" in report:
+            print(f"soak: the good Wyoming client{label}: first audio p50 {report[prefix + 'wyoming_ttfa_s_p50']} s, "
+                  f"p95 {report[prefix + 'wyoming_ttfa_s_p95']} s, failed {report[prefix + 'wyoming_failed']}")
     if report["bounds"]:
         print(f"soak: attack-phase p95 within {args.bound_factor} x the no-attack p95: {report['bounds']}")
     if report["absolute_bounds"]:

@@ -1,5 +1,6 @@
 """Hostile clients for ``scripts/soak.py --attackers``: one of each kind of the 2026-12-01 probe
-(docs/server.md, "What each attack gets"), each cycling in its own thread until the soak ends.
+and of the 2026-12-04 one (``soak_attackers_r2.py``; docs/server.md, "What each attack gets"),
+each cycling in its own thread until the soak ends.
 
 Each kind connects from its own address 127.0.0.N (Linux routes all of 127/8 to loopback), so
 the per-address connection cap one runs into is neither the good clients' nor another
@@ -18,6 +19,8 @@ import struct
 import threading
 import time
 
+from soak_attackers_r2 import ROUND2, ROUND2_WYOMING, Round2Attacks
+
 ATTACKER_NET = "127.0.0."
 LONG = "This is a long sentence that the attacker asks for and never reads. " * 8
 
@@ -33,7 +36,7 @@ def _text(obj) -> bytes:
     return _frame(0x1, (obj if isinstance(obj, str) else json.dumps(obj)).encode())
 
 
-class Attackers:
+class Attackers(Round2Attacks):
     """The attacker threads (module docstring); ``report()`` after ``stop`` is set."""
 
     def __init__(self, host: str, port: int, stop: threading.Event, voices_dir: str | None = None,
@@ -46,7 +49,7 @@ class Attackers:
         self.lock = threading.Lock()
         kinds = ["ws_stall", "ws_idle", "ws_trickle", "ws_sessions", "ws_flood", "ws_pings", "ws_tiny_deltas",
                  "ws_frames", "many_sockets", "origin", "voices", "bad_json"]
-        kinds += ["wy_stall", "wy_malformed"] if wyoming_port else []
+        kinds += ROUND2 + (["wy_stall", "wy_malformed"] + ROUND2_WYOMING if wyoming_port else [])
         self.local = threading.local()
         self.threads = [threading.Thread(target=self._loop, args=(k, i), name=f"attacker-{k}", daemon=True)
                         for i, k in enumerate(kinds)]
@@ -86,10 +89,10 @@ class Attackers:
         s.connect((self.host, port or self.port))
         return s
 
-    def _ws(self, rcvbuf: int | None = None, origin: str | None = None) -> tuple[socket.socket, bytes]:
+    def _ws(self, rcvbuf: int | None = None, origin: str | None = None, headers: str = "") -> tuple[socket.socket, bytes]:
         s = self._sock(rcvbuf=rcvbuf)
         key = base64.b64encode(os.urandom(16)).decode()
-        extra = f"Origin: {origin}\r\n" if origin else ""
+        extra = (f"Origin: {origin}\r\n" if origin else "") + headers
         s.sendall((f"GET /v1/audio/speech/stream HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nUpgrade: websocket\r\n"
                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n").encode())
         head = b""

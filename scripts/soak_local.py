@@ -88,3 +88,32 @@ def start_wyoming(model: str, max_frames: int):
         loop.call_soon_threadsafe(loop.stop)
 
     return port, stop
+
+
+def wyoming_good_client(port: int, deadline: float, out: list, source: str = "127.0.1.200") -> None:
+    """A good Wyoming client from its own address until ``deadline`` (time.monotonic()): one short
+    synthesize after another, each read to audio-stop; its seconds to the first audio-chunk go to
+    ``out`` (a failure goes as None)."""
+    import json
+    import socket
+    import time
+
+    line = json.dumps({"type": "synthesize", "data": {"text": "The good Wyoming client speaks."}}).encode() + b"\n"
+    while time.monotonic() < deadline:
+        t0, first = time.monotonic(), None
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0)) as s:
+                s.sendall(line)
+                f = s.makefile("rb")
+                while header := f.readline():
+                    event = json.loads(header)
+                    f.read(event.get("data_length") or 0)
+                    f.read(event.get("payload_length") or 0)
+                    if event["type"] == "audio-chunk" and first is None:
+                        first = time.monotonic() - t0
+                    if event["type"] in ("audio-stop", "error"):
+                        break
+        except OSError:
+            pass
+        out.append(first)
+        time.sleep(0.2)
