@@ -210,3 +210,24 @@ def test_a_client_over_the_connection_cap_reads_its_503(server):
     finally:
         for s in held:
             s.close()
+
+
+def test_nobody_is_a_proxy_unless_named():
+    """(2) uvicorn gets the proxy list explicitly: none by default (it would trust 127.0.0.1), the
+    named ones otherwise; a value that is not an address or network is refused at start."""
+    from qtts.errors import InputError
+    from qtts.server import ServerSettings, create_app
+    from qtts.server.runner import _config
+
+    default = _config(create_app(FakeTTS(), ServerSettings()), "warning", False)
+    assert default.proxy_headers is False and list(default.forwarded_allow_ips) == []
+    named = _config(create_app(FakeTTS(), ServerSettings(forwarded_allow_ips="10.0.0.0/8, ::1")), "warning", False)
+    assert named.proxy_headers is True and list(named.forwarded_allow_ips) == ["10.0.0.0/8", "::1"]
+    with pytest.raises(InputError, match="forwarded-allow-ips"):
+        ServerSettings(forwarded_allow_ips=("proxy.example",))
+    from qtts.cli.main import build_parser
+    from qtts.cli.serve import _settings
+
+    args = build_parser().parse_args(["serve", "-m", "M", "--forwarded-allow-ips", "127.0.0.1,10.0.0.0/8",
+                                      "--forwarded-allow-ips", "::1"])
+    assert _settings(args).forwarded_allow_ips == ("127.0.0.1", "10.0.0.0/8", "::1")
