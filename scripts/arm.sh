@@ -179,7 +179,8 @@ report() {
   "$X86_PY" scripts/arm_probe.py compare "$X86/out/probe.npz" "$ROOT/lane/out/probe.npz" | tee "$LAST/probe.txt" || CMP=1
   cp "$X86/out/results.json" "$LAST/x86-results.json" && cp "$ROOT/lane/out/results.json" "$LAST/arm-results.json"
   {
-    echo "# aarch64 lane, $(date -u +%Y-%m-%dT%H:%MZ), qtts $(git -C "$REPO" rev-parse --short HEAD)"
+    local dirty && dirty=$(git -C "$REPO" diff --quiet HEAD -- src pyproject.toml || echo " + uncommitted edits in src")
+    echo "# aarch64 lane, $(date -u +%Y-%m-%dT%H:%MZ), qtts $(git -C "$REPO" rev-parse --short HEAD)$dirty"
     echo && echo '```' && cat "$LAST/arm-env.txt" && echo '```' && echo
     echo "kernel tests (arm64): $(tail -1 "$LAST/arm-kernel-tests.log")" && echo
     cat "$LAST/compare.md"
@@ -208,4 +209,4 @@ main() {
   [ "$KTESTS" = 0 ] && [ "$LANE" = 0 ] && [ "$RK" = 0 ] && [ "$CMP" = 0 ]
 }
 
-main "$@" # the last line: bash has parsed every function before the run starts
+main "$@"; exit # one line: bash has parsed every function before main runs, and reads nothing after it
