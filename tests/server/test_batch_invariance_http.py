@@ -1,0 +1,67 @@
+"""``qtts serve --max-batch 4`` on the default plan: a request's audio does not depend on the requests
+stepped with it. A real server process on the tiny CustomVoice checkpoint with no ``--plan`` (the
+``fast`` preset, built on first use): four requests one by one, then all four at once, greedy and
+seeded; each response's PCM bytes are the same both ways. (Before the batch backend ran every step
+on paired rows, int8 MatMulNBits rows differed with the batch size: tests/engine/test_batch_invariance.py.)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from cli.test_cmd_serve import _free_port
+
+JOBS = [("First voice here, a short one.", "vivian"), ("Second one, a little longer than the first.", "ryan"),
+        ("Third.", "serena"), ("And the fourth line, of a medium length.", "aiden")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def url(tiny_snapshot, tmp_path_factory):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "QTTS_PLAN"}  # the default plan, as `qtts serve -m M` runs
+    env["QTTS_CACHE"] = str(tmp_path_factory.mktemp("serve-cache"))
+    cmd = [sys.executable, "-m", "qtts", "serve", "--model", tiny_snapshot(kind="custom_voice"), "--port", str(port),
+           "--max-batch", "4", "--max-frames", "20", "--threads", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # the first start builds the fast plan
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        health = httpx.get(base + "/health", timeout=5).json()
+        assert health["max_batch"] == 4
+        yield base
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert "fast" in err  # the default plan was built / opened, not the torch one
+
+
+def _speak(base: str, text: str, voice: str, **extra) -> bytes:
+    body = {"model": "qtts", "input": text, "voice": voice, "response_format": "pcm", **extra}
+    r = httpx.post(base + "/v1/audio/speech", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded"])
+def test_four_requests_alone_and_together_give_the_same_bytes(url, mode):
+    extra = [{"greedy": True} if mode == "greedy" else {"seed": 100 + i} for i in range(len(JOBS))]
+    alone = [_speak(url, t, v, **e) for (t, v), e in zip(JOBS, extra)]
+    with cf.ThreadPoolExecutor(len(JOBS)) as pool:
+        together = list(pool.map(lambda a: _speak(url, *a[0], **a[1]), zip(JOBS, extra)))
+    assert all(len(a) > 0 for a in alone)
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert a == b, f"request {i} ({mode}): {len(a)} bytes alone, {len(b)} in the batch, or other bytes"
