@@ -39,9 +39,11 @@ class Round2Attacks:
         return True
 
     def _xff_sessions(self) -> bool:
-        """Five sessions, each with its own X-Forwarded-For: still one client, three refused."""
+        """Five sessions, each with its own X-Forwarded-For, from 127.0.0.1 (uvicorn alone trusts the
+        header from there): still one client, three refused."""
         import select
 
+        self.local.addr = "127.0.0.1"
         held = []
         try:
             for i in range(5):
@@ -58,10 +60,11 @@ class Round2Attacks:
                 s.close()
 
     def _xff_queue(self) -> bool:
-        """Four requests at once, each with its own X-Forwarded-For: each is answered 200 or 429
-        (one client's requests, queued by the fair share), never more than that."""
+        """Four requests at once from 127.0.0.1, each with its own X-Forwarded-For: each is answered
+        200 or 429 (one client's requests, queued by the fair share), never more than that."""
         import httpx
 
+        self.local.addr = "127.0.0.1"
         statuses, addr = [], self.local.addr  # (a thread-local: the request threads have none)
 
         def one(i: int) -> None:

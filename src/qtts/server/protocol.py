@@ -93,11 +93,16 @@ class GuardedH11Protocol(H11Protocol):
         self._refused = True
         self.connections.discard(self)  # it no longer counts against a cap
         self.transport.write(_raw_response(503, "Service Unavailable", refusal[1], "retry-after: 1\r\n"))
-        if self.transport.can_write_eof():
+        cls = type(self)
+        if self.transport.can_write_eof() and cls._lingering < self.state.settings.max_connections:
+            cls._lingering += 1  # (a flood of refused connections lingers no more than the cap's worth)
             self.transport.write_eof()
             self._timer = self.loop.call_later(LINGER_S, self.transport.close)
         else:
+            self._refused = False  # closed at once, as before
             self.transport.close()
+
+    _lingering = 0  # refused connections in their lingering close now (per server class)
 
     def eof_received(self):
         if self._refused:
@@ -124,6 +129,9 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
 
     def connection_lost(self, exc) -> None:
+        if self._refused:
+            type(self)._lingering -= 1
+            self._refused = False
         self._cancel()
         self._cancel_write()
         super().connection_lost(exc)
