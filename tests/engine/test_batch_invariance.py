@@ -14,6 +14,7 @@ streams: mixed modes and lengths, greedy and seeded, a mid-stream arrival and a 
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -37,12 +38,28 @@ def _export(snapshot: str, out: str, preset: str) -> str:
     return os.path.join(out, "plan.json")
 
 
-@pytest.fixture(scope="module", params=QUANTIZED)
+#: (checkpoint size, preset): both quantized presets on the tiny checkpoint, the default on the
+#: real widths (mid: hidden 1024, head_dim 128, the 3072-wide codec head, block-128 rows of real K)
+CASES = [("tiny", "fast"), ("tiny", "fastest"), ("mid", "fast")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{size}-{preset}" for size, preset in CASES])
 def preset_parts(request, tiny_snapshot, tmp_path_factory):
-    """(one-stream Components, batched Components with 4 rows) of the tiny Base checkpoint on a preset."""
-    snap = tiny_snapshot()
-    plan = _export(snap, str(tmp_path_factory.mktemp(f"inv-{request.param}") / "bundle"), request.param)
-    return open_parts(snap, plan=plan, threads=1), open_parts(snap, plan=plan, threads=1, max_batch=4)
+    """(one-stream Components, batched Components with 4 rows) of a Base checkpoint on a preset."""
+    size, preset = request.param
+    root = tmp_path_factory.mktemp(f"inv-{size}-{preset}")
+    if size == "tiny":
+        snap = tiny_snapshot()
+    else:
+        from conftest import reference
+        from qtts.tools.random_checkpoint import write_random_checkpoint
+
+        snap = write_random_checkpoint(str(root / "mid"), size="mid", kind="base",
+                                       tokenizer_dir=reference("configs", "text-tokenizer-qwen2"))  # fmt: skip
+    plan = _export(snap, str(root / "bundle"), preset)
+    yield open_parts(snap, plan=plan, threads=1), open_parts(snap, plan=plan, threads=1, max_batch=4)
+    if size == "mid":
+        shutil.rmtree(root, ignore_errors=True)  # 2.3 GB of checkpoint, 0.6 GB of bundle
 
 
 def _requests(parts) -> list:
