@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import REAL_TOKENIZER_DIR
 from qtts.aligner import AlignedWord, ForcedAligner, prompt_text, repair_timestamps
 from qtts.aligner_config import AlignerConfig
 from qtts.audio.aligner_features import log_mel, prepare_audio
@@ -23,7 +24,7 @@ from qtts.text.words import split_words
 from qtts.tools.random_aligner import aligner_config_dict
 from qtts.tools.random_checkpoint import write_random_checkpoint
 
-TOKENIZER = "tests/data/reference/configs/text-tokenizer-qwen2"
+TOKENIZER = REAL_TOKENIZER_DIR
 SPECIAL = {"<|audio_start|>": 151669, "<|audio_end|>": 151670, "<|audio_pad|>": 151676, "<timestamp>": 151705}
 
 

@@ -3,9 +3,7 @@ int8 (MatMulNBits, block 32) keeps most words within one 80 ms bin (the measured
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 
 import numpy as np
 import onnx
@@ -13,15 +11,14 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from conftest import REAL_TOKENIZER_DIR
 from qtts.aligner import ForcedAligner, words_from_times
 from qtts.export.aligner import INPUTS, export_aligner, graph_inputs, quantize_aligner
 from qtts.text.words import split_words
 from qtts.tools.random_checkpoint import write_random_checkpoint
+from support.official_aligner import speechlike
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.official_aligner import speechlike  # noqa: E402
-
-TOKENIZER = "tests/data/reference/configs/text-tokenizer-qwen2"
+TOKENIZER = REAL_TOKENIZER_DIR
 CLIPS = [("Hello there, this is short.", "English", 0.6),  # one chunk narrower than 100 frames
          ("你好，世界！今天天气很好，我们去公园散步吧。", "Chinese", 3.3),
          ("我们用 Python 3.11 写 qtts 的 aligner，timestamps 很准！", "Chinese", 2.0),

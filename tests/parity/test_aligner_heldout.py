@@ -17,6 +17,7 @@ import shutil
 import pytest
 import torch
 
+from conftest import REAL_TOKENIZER_DIR
 from qtts.aligner import ForcedAligner
 from qtts.tools.random_aligner import (
     AUDIO_END_ID,
@@ -30,7 +31,7 @@ from support.official_aligner import official_aligner, official_stages, qwen_asr
 
 pytestmark = pytest.mark.parity
 
-TOKENIZER = "tests/data/reference/configs/text-tokenizer-qwen2"
+TOKENIZER = REAL_TOKENIZER_DIR
 ODD = {
     "model_type": "qwen3_asr",
     "timestamp_token_id": TIMESTAMP_ID,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REAL_TOKENIZER_DIR
 from qtts.aligner import ForcedAligner, repair_timestamps
 from qtts.text.words import split_words
 from qtts.tools.random_checkpoint import write_random_checkpoint
@@ -19,7 +20,7 @@ from support.official_aligner import official_aligner, official_stages, qwen_asr
 
 pytestmark = pytest.mark.parity
 
-TOKENIZER = "tests/data/reference/configs/text-tokenizer-qwen2"
+TOKENIZER = REAL_TOKENIZER_DIR
 CASES = {
     "english": ("Hello, world! This is a test of the aligner, isn't it?", "English", 3.0),
     "chinese": ("你好，世界！今天天气很好，我们去公园散步吧。", "Chinese", 4.0),

@@ -108,5 +108,5 @@ if __name__ == "__main__":  # cd tests && ../.venv/bin/python -m support.officia
     from qtts.tools.random_checkpoint import write_random_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
-        snap = write_random_checkpoint(f"{tmp}/tiny", kind="forced_aligner", tokenizer_dir=f"../{TOKENIZER}", seed=3)
+        snap = write_random_checkpoint(f"{tmp}/tiny", kind="forced_aligner", tokenizer_dir=TOKENIZER, seed=3)
         print("\n".join(parity_figures(snap, CASES)))
