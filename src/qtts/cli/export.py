@@ -197,6 +197,8 @@ def _verify_arguments(ve) -> None:
                 "reference: codes, logits, vocoder SNR")
     add_model(p, threads="threads for both runtimes")
     p.add_argument("--frames", type=number(lo=1), metavar="N", default=32, help="greedy frames to generate (default 32)")
+    p.add_argument("--vocoder-frames", type=number(lo=0), metavar="N", default=0,
+                   help="also decode N random-code frames against the vocoder's bf16 bar (docs/fidelity.md; 300+)")
     p.add_argument("--text", help="text to speak (default: a fixed English sentence)")
     p.add_argument("--report", help="write the report to this .md (and the same stem .json)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of Markdown")
@@ -219,7 +221,7 @@ def run_verify_plan(args) -> int:
         check_file(args.report, "--report")
     plan = cli_plan(args)  # no --plan: the default preset (built if missing); 'torch' or --dtype: torch
     report = verify_plan(args.model, plan if isinstance(plan, str) else "torch", frames=args.frames, text=args.text,
-                         threads=args.threads, dtype=args.dtype)
+                         threads=args.threads, dtype=args.dtype, vocoder_frames=args.vocoder_frames)
     print(json.dumps(report, indent=2, default=str) if args.json else report_markdown(report))
     if args.report:
         write_report(report, args.report)

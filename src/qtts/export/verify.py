@@ -179,6 +179,16 @@ def _vocoder_snr(parts, checkpoint, codes: np.ndarray) -> float | None:
     return snr_db(ref.reshape(-1).float().numpy(), test)
 
 
+def _vocoder_bar(parts, checkpoint, frames: int) -> dict:
+    """``vocoder_bar``: the plan's vocoder and bf16 over ``frames`` random-code frames
+    (:func:`qtts.export.vocoder_bar.vocoder_fidelity`); {} when ``frames`` is 0."""
+    from .vocoder_bar import vocoder_fidelity
+
+    if not frames:
+        return {}
+    return {"vocoder_bar": vocoder_fidelity(parts.vocoder, checkpoint.speech_tokenizer.decoder.float(), frames)}
+
+
 # ---------------------------------------------------------------------------- entry point
 
 
@@ -199,8 +209,10 @@ def verify_plan(
     text: str | None = None,
     threads: int | None = None,
     dtype: str = "float32",
+    vocoder_frames: int = 0,
 ):
-    """Run every measurement; returns the report dict (``passed`` is None when no gate applies)."""
+    """Run every measurement; returns the report dict (``passed`` is None when no gate applies).
+    ``vocoder_frames`` > 0: also the vocoder against the bf16 bar over that many frames."""
     from ..backends import open as open_components
     from ..backends.torch import TorchBackend
     from ..weights import load_checkpoint
@@ -227,6 +239,7 @@ def verify_plan(
     }
     report.update(_teacher_forced(ref_be, parts.backend, prompt, lp, speaker, ref_codes))
     report["vocoder_snr_db"] = _vocoder_snr(parts, checkpoint, ref_codes)
+    report.update(_vocoder_bar(parts, checkpoint, vocoder_frames))
     report["weights"] = plan_weights(parts.plan, plan_path)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["gated"] = all(p.endswith("/fp32") for p in report["components"].values())
@@ -315,12 +328,24 @@ def report_markdown(report: dict) -> str:
              f"Frames: {report['frames']} (greedy, reference {report['greedy_frames'][0]}, "
              f"test {report['greedy_frames'][1]})", "", "| metric | value |", "|---|---|"]  # fmt: skip
     lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
+    lines += _bar_lines(report.get("vocoder_bar"))
     lines += ["", f"Gates (fp32 plans): greedy codes 100 % equal, vocoder >= {GATES['vocoder_snr_db']:.0f} dB: "
               f"**{verdict}**", ""]  # fmt: skip
     gate = {True: "PASS", False: "FAIL", None: "not measured (no predictor logits)"}[report.get("default_gate")]
     lines += [f"Default-preset gate (talker and predictor logit SNR min >= {DEFAULT_GATE_DB:g} dB, at full size): "
               f"**{gate}**", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def _bar_lines(bar: dict | None) -> list[str]:
+    if not bar:
+        return []
+    head = f"| vocoder over {bar['frames']} random-code frames vs fp32 offline | plan (streamed 1 + 8) | bf16 bar (offline) |"
+    rows = [f"| {name} | {_fmt(bar['plan'][key])} | {_fmt(bar['bf16_bar'][key])} |" for key, name in
+            (("snr_db", "waveform SNR dB"), ("worst_segment_snr_db", "worst 170 ms segment SNR dB"),
+             ("lsd_db", "log-spectral distance dB (lower is closer)"))]  # fmt: skip
+    verdict = "**meets** the bf16 bar" if bar["meets_bar"] else "**below** the bf16 bar"
+    return ["", head, "|---|---|---|", *rows, "", f"Vocoder: {verdict} (all three metrics)"]
 
 
 def _recipe_text(recipe: dict) -> str:
