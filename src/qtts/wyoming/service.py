@@ -124,8 +124,8 @@ class WyomingService:
         clean_text(text, what="the text")  # empty (nothing visible) -> InputError, the rule of every surface
         voice = await asyncio.to_thread(self.catalog.load_voice, choice)
         frames, cap = 0, self.settings.max_request_frames
-        for piece in self.pieces(text):
-            async with contextlib.aclosing(self._generate(piece, choice, voice, owner)) as chunks:  # one turn
+        for index, piece in enumerate(self.pieces(text)):
+            async with contextlib.aclosing(self._generate(piece, choice, voice, owner, index)) as chunks:  # one turn
                 async for chunk in chunks:
                     samples, n = capped_chunk(chunk, frames, cap)
                     frames += n
@@ -133,13 +133,16 @@ class WyomingService:
                     if frames >= cap:
                         return
 
-    async def _generate(self, text: str, choice: Choice, voice, owner: str) -> AsyncIterator:
-        """Chunks of one piece from a worker thread; the engine turn is taken first and given back
-        as soon as the worker returns, even while the consumer is still sending its chunks."""
+    async def _generate(self, text: str, choice: Choice, voice, owner: str, index: int = 0) -> AsyncIterator:
+        """Chunks of piece ``index`` from a worker thread (seeded as one ``stream`` call seeds its
+        pieces); the engine turn is taken first and given back as soon as the worker returns, even
+        while the consumer is still sending its chunks."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
         options = dataclasses.replace(self.options(), language=choice.language, cancel=stop)
+        if options.seed is not None:
+            options = dataclasses.replace(options, seed=options.seed + index)
         await self.turns.take(owner)
         self.generations += 1
 
