@@ -58,8 +58,7 @@ def main() -> None:
     t = time.perf_counter()
     export_aligner(model, fp32)
     print(f"export fp32: {time.perf_counter() - t:.0f} s, weights {os.path.getsize(fp32 + '.data') / 1e9:.2f} GB")
-    shutil.copy(fp32, int8)
-    shutil.copy(fp32 + ".data", int8 + ".data")
+    shutil.copy(fp32, int8)  # reads aligner.onnx.data beside it; quantize_aligner writes aligner_int8.onnx.data
     t = time.perf_counter()
     info = quantize_aligner(int8, bits=8)
     print(f"int8: {time.perf_counter() - t:.0f} s, {info['quantized_matmuls']} MatMulNBits, "

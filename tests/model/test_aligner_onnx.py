@@ -13,6 +13,7 @@ import torch
 
 from conftest import REAL_TOKENIZER_DIR
 from qtts.aligner import ForcedAligner, words_from_times
+from qtts.errors import InputError
 from qtts.export.aligner import INPUTS, export_aligner, graph_inputs, quantize_aligner
 from qtts.text.words import split_words
 from qtts.tools.random_checkpoint import write_random_checkpoint
@@ -33,10 +34,9 @@ def bundle(tmp_path_factory):
     fp32 = str(root / "aligner.onnx")
     export_aligner(aligner.model, fp32)
     int8 = str(root / "aligner_int8.onnx")
-    shutil.copy(fp32, int8)
-    shutil.copy(fp32 + ".data", int8 + ".data")
+    shutil.copy(fp32, int8)  # its weights stay in aligner.onnx.data until quantize_aligner saves them anew
     info = quantize_aligner(int8, bits=8, block_size=32)
-    return aligner, ort.InferenceSession(fp32), ort.InferenceSession(int8), info, int8
+    return aligner, ort.InferenceSession(fp32), ort.InferenceSession(int8), info, int8, fp32
 
 
 def _run(aligner, session, text, language, seconds, seed):
@@ -50,7 +50,7 @@ def _run(aligner, session, text, language, seconds, seed):
 
 
 def test_graph_lengths_are_dynamic(bundle):
-    *_, int8 = bundle
+    *_, int8, _ = bundle
     model = onnx.load(int8, load_external_data=False)
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     assert list(dims) == list(INPUTS)
@@ -68,7 +68,7 @@ def test_fp32_graph_gives_the_torch_times(bundle, clip):
 
 
 def test_int8_graph_keeps_words_within_one_bin(bundle):
-    aligner, _, int8, info, _ = bundle
+    aligner, _, int8, info, *_ = bundle
     assert info["quantized_matmuls"] == 30  # 12 audio-layer + conv_out + 2 projector + 14 decoder + head
     close = total = 0
     for i, (text, language, seconds) in enumerate(CLIPS):
@@ -81,3 +81,19 @@ def test_int8_graph_keeps_words_within_one_bin(bundle):
     # measured 2026-12-04: 171/183 = 93.4 % (docs/timestamps.md); random tiny weights are a harsh case
     # (top-2 margins ~1e-3 of the logit scale), so a flipped marker usually jumps far, not one bin
     assert close / total >= 0.9, f"{close}/{total} words within one bin"
+
+
+def test_int4_errs_more_than_int8(bundle, tmp_path):
+    aligner, _, int8, *_, fp32 = bundle
+    int4 = str(tmp_path / "aligner_int4.onnx")
+    shutil.copy(fp32, int4)
+    shutil.copy(fp32 + ".data", str(tmp_path / "aligner.onnx.data"))  # the name the graph points at
+    assert quantize_aligner(int4, bits=4, block_size=32)["quantized_matmuls"] == 30
+    errors = []
+    for session in (int8, ort.InferenceSession(int4)):
+        _, ref, got, _ = _run(aligner, session, *CLIPS[1], seed=1)
+        assert np.isfinite(got).all()
+        errors.append(np.abs(got - ref).max())
+    assert 0 < errors[0] < errors[1]
+    with pytest.raises(InputError, match="8 or 4"):
+        quantize_aligner(int4, bits=3)
