@@ -154,7 +154,7 @@ INVISIBLE = ["\u200b\u200d\u2060", "\ufeff", "\x01\x02\x1b", "\u00ad \u200e\t"]
 @pytest.mark.parametrize("text", INVISIBLE)
 def test_invisible_text_is_empty_over_http_and_the_websocket(server, text):
     """(4) Text of only format or control characters is empty: 400 over HTTP, the same error on
-    the WebSocket, and the engine's own check (the CLI and Wyoming use it) says so too."""
+    the WebSocket, the engine's own check (Wyoming uses it) and ``qtts say`` (exit 2)."""
     from qtts.errors import InputError
     from qtts.text.prompt import clean_text
 
@@ -168,6 +168,9 @@ def test_invisible_text_is_empty_over_http_and_the_websocket(server, text):
     assert errors == ["invalid_value"], (code, errors)
     with pytest.raises(InputError, match="empty"):
         clean_text(text)
+    from qtts.cli.main import main
+
+    assert main(["say", text, "-m", "/nonexistent/model", "-o", "/nonexistent/x.wav"]) == 2  # before the model
     good_first_audio(server)
 
 
