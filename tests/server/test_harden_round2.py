@@ -234,3 +234,20 @@ def test_nobody_is_a_proxy_unless_named():
     args = build_parser().parse_args(["serve", "-m", "M", "--forwarded-allow-ips", "127.0.0.1,10.0.0.0/8",
                                       "--forwarded-allow-ips", "::1"])
     assert _settings(args).forwarded_allow_ips == ("127.0.0.1", "10.0.0.0/8", "::1")
+
+
+def test_a_named_proxy_counts_against_the_total_cap_only():
+    """(2) The connection caps count TCP peers: a named proxy carries many clients, so only
+    max_connections applies to it; any other address has its per-client share."""
+    from types import SimpleNamespace
+
+    from qtts.server import ServerSettings
+    from qtts.server.clients import Proxies
+    from qtts.server.protocol import over_limit
+
+    settings = ServerSettings(max_connections=8, max_connections_per_client=2)
+    conns = {SimpleNamespace(client=("10.0.0.5", 1000 + i)) for i in range(3)}
+    assert over_limit(conns, ("10.0.0.5", 1), settings)[0] == "over_client_limit"
+    assert over_limit(conns, ("10.0.0.5", 1), settings, Proxies(("10.0.0.0/24",))) is None
+    conns |= {SimpleNamespace(client=("10.0.0.5", 2000 + i)) for i in range(6)}
+    assert over_limit(conns, ("10.0.0.5", 1), settings, Proxies(("10.0.0.0/24",)))[0] == "over_limit"
