@@ -246,8 +246,8 @@ def test_a_named_proxy_counts_against_the_total_cap_only():
     from qtts.server.protocol import over_limit
 
     settings = ServerSettings(max_connections=8, max_connections_per_client=2)
-    conns = {SimpleNamespace(client=("10.0.0.5", 1000 + i)) for i in range(3)}
+    conns = [SimpleNamespace(client=("10.0.0.5", 1000 + i)) for i in range(3)]
     assert over_limit(conns, ("10.0.0.5", 1), settings)[0] == "over_client_limit"
     assert over_limit(conns, ("10.0.0.5", 1), settings, Proxies(("10.0.0.0/24",))) is None
-    conns |= {SimpleNamespace(client=("10.0.0.5", 2000 + i)) for i in range(6)}
+    conns += [SimpleNamespace(client=("10.0.0.5", 2000 + i)) for i in range(6)]
     assert over_limit(conns, ("10.0.0.5", 1), settings, Proxies(("10.0.0.0/24",)))[0] == "over_limit"
