@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SAMPLE_RATE
+from .bandwidth import floor_lines, generation_floor, read_bandwidth_gbs
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
     result.update(rss_mb=rss_mb(), plan_peak_rss_mb=window_peak_rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()
+    result["floor"] = generation_floor(parts.plan, read_bandwidth_gbs())
     return result
 
 
@@ -287,7 +289,7 @@ def table_markdown(results: list, official: dict | None = None) -> str:
         )
         lines += ["", "Speed-up (official total time / ours, same frames): " + ", ".join(
             f"{r['label']}: {official['total_s'] / r['total_s']:.2f}x" for r in results)]  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + floor_lines(results))
 
 
 def plot(results: list, path: str, official: dict | None = None) -> None:
