@@ -36,10 +36,10 @@ def main() -> None:
     import onnxruntime as ort
     import torch
 
-    from qtts.aligner_config import AlignerConfig
     from qtts.export.aligner import export_aligner, graph_inputs, quantize_aligner
     from qtts.model.aligner import ForcedAlignerModel
     from qtts.model.aligner_audio import audio_tokens
+    from qtts.model.aligner_config import AlignerConfig
     from qtts.tools.random_aligner import aligner_config_dict
     from qtts.weights import empty_init
 

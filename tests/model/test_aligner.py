@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import REAL_TOKENIZER_DIR
-from qtts.aligner import AlignedWord, ForcedAligner, prompt_text, repair_timestamps
-from qtts.aligner_config import AlignerConfig
+from qtts.align import AlignedWord, ForcedAligner, prompt_text, repair_timestamps
 from qtts.audio.aligner_features import log_mel, prepare_audio
 from qtts.errors import ConfigError, InputError, MissingDependencyError
 from qtts.model.aligner import ForcedAlignerModel, load_aligner
 from qtts.model.aligner_audio import audio_tokens, conv_out_len
+from qtts.model.aligner_config import AlignerConfig
 from qtts.text.tokenizer import TextTokenizer
 from qtts.text.words import split_words
 from qtts.tools.random_aligner import aligner_config_dict

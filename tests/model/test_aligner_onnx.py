@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REAL_TOKENIZER_DIR
-from qtts.aligner import ForcedAligner, words_from_times
+from qtts.align import ForcedAligner, words_from_times
 from qtts.errors import InputError
 from qtts.export.aligner import INPUTS, export_aligner, graph_inputs, quantize_aligner
 from qtts.text.words import split_words

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import REAL_TOKENIZER_DIR
-from qtts.aligner import ForcedAligner
+from qtts.align import ForcedAligner
 from qtts.tools.random_aligner import (
     AUDIO_END_ID,
     AUDIO_PAD_ID,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import REAL_TOKENIZER_DIR
-from qtts.aligner import ForcedAligner, repair_timestamps
+from qtts.align import ForcedAligner, repair_timestamps
 from qtts.text.words import split_words
 from qtts.tools.random_checkpoint import write_random_checkpoint
 from support.official_aligner import official_aligner, official_stages, qwen_asr, speechlike

@@ -81,7 +81,7 @@ def speechlike(seed: int, seconds: float, sample_rate: int = 24000) -> np.ndarra
 
 def parity_figures(snapshot: str, cases: dict) -> list[str]:
     """One line per case: sizes, feature and logit differences, the smallest top-2 margin, equal times."""
-    from qtts.aligner import ForcedAligner
+    from qtts.align import ForcedAligner
     from qtts.text.words import split_words
 
     official, ours = official_aligner(snapshot), ForcedAligner.from_dir(snapshot)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..aligner_config import ALIGNER_HOP, ALIGNER_N_FFT, ALIGNER_SAMPLE_RATE
 from ..errors import InputError
+from ..model.aligner_config import ALIGNER_HOP, ALIGNER_N_FFT, ALIGNER_SAMPLE_RATE
 from .mel import mel_filters, resample
 
 

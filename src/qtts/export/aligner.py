@@ -1,6 +1,6 @@
 """ONNX export of the forced aligner: one graph, fp32, then optionally int8/int4 weights.
 
-Graph ``aligner``: inputs ``input_ids [1, tokens]`` int64 (the prompt of :func:`qtts.aligner.prompt_text`),
+Graph ``aligner``: inputs ``input_ids [1, tokens]`` int64 (the prompt of :func:`qtts.align.prompt_text`),
 ``chunks [chunks, n_mels, width]`` float32 and ``keep [audio_tokens]`` int64 (both from
 :func:`qtts.model.aligner_audio.chunk_mel`, which cuts the log-mel on the host); output
 ``logits [1, tokens, classify_num]``. Every length is dynamic. The wrapper is

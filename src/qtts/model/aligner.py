@@ -7,7 +7,7 @@ key (``thinker.audio_tower.conv2d1.weight``, ``thinker.model.layers.0.mlp.up_pro
 pass: the prompt's ``<|audio_pad|>`` embeddings are replaced, in order, by the audio encoder's
 outputs (the official ``masked_scatter``; the prompt keeps them together right after
 ``<|audio_start|>``, so here they are spliced in), and the logits ``[1, T, classify_num]`` come
-back; reading them is :mod:`qtts.aligner`.
+back; reading them is :mod:`qtts.align`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 import torch
 from torch import nn
 
-from ..aligner_config import AlignerConfig
 from .aligner_audio import AlignerAudioEncoder, chunk_mel
+from .aligner_config import AlignerConfig
 from .aligner_text import AlignerDecoder
 from .checkpoint import empty_init, load_into, load_tensors, to_dtype
 
@@ -57,7 +57,7 @@ class ForcedAlignerModel(nn.Module):
         if int(slots.sum()) != n or not bool(slots[1 : 1 + n].all()):
             raise ValueError(
                 f"the prompt must hold the audio's {n} <|audio_pad|> tokens right after <|audio_start|> "
-                f"(it has {int(slots.sum())}); build it with qtts.aligner.prompt_text"
+                f"(it has {int(slots.sum())}); build it with qtts.align.prompt_text"
             )
         return self.logits(input_ids, chunks, keep)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..aligner_config import AlignerAudioConfig
+from .aligner_config import AlignerAudioConfig
 from .layers import grouped_attention
 
 

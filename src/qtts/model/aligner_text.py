@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..aligner_config import AlignerTextConfig
+from .aligner_config import AlignerTextConfig
 from .layers import DecoderLayer, RMSNorm, causal_mask, grouped_attention, rope_cos_sin
 
 

@@ -18,7 +18,7 @@ import copy
 import json
 import os
 
-from ..aligner_config import AlignerConfig
+from ..model.aligner_config import AlignerConfig
 
 _GAIN = 1.5  # fan-in gain of the random matrices (see _edits)
 # ids of config.json's published thinker_config and top level

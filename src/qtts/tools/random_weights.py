@@ -49,7 +49,7 @@ def main_specs(cfg: ModelConfig) -> list[Spec]:
 
 
 def aligner_specs(cfg) -> list[Spec]:
-    """Tensors of a Qwen3-ForcedAligner (``cfg``: an :class:`~qtts.aligner_config.AlignerConfig`)."""
+    """Tensors of a Qwen3-ForcedAligner (``cfg``: an :class:`~qtts.model.aligner_config.AlignerConfig`)."""
     from ..model.aligner import ForcedAlignerModel
 
     with empty_init():

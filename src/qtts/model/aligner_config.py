@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .config import _from_dict, _read_json
-from .errors import ConfigError
+from ..config import _from_dict, _read_json
+from ..errors import ConfigError
 
 #: the aligner's input: mono 16 kHz audio, one log-mel frame per 160 samples (10 ms)
 ALIGNER_SAMPLE_RATE = 16000

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .aligner_config import AlignerConfig
-from .errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
+from ..model.aligner_config import AlignerConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ class ForcedAligner:
 
     @classmethod
     def from_dir(cls, path: str, dtype="float32") -> ForcedAligner:
-        from .model.aligner import load_aligner
-        from .text.tokenizer import TextTokenizer
+        from ..model.aligner import load_aligner
+        from ..text.tokenizer import TextTokenizer
 
         cfg = AlignerConfig.from_dir(path)
         return cls(cfg, TextTokenizer.from_dir(path), load_aligner(path, dtype, config=cfg))
@@ -118,8 +118,8 @@ class ForcedAligner:
         """(input_ids ``[1, T]`` int64 tensor, log-mel ``[n_mels, frames]``) for one pair."""
         import torch
 
-        from .audio.aligner_features import log_mel, prepare_audio
-        from .model.aligner_audio import audio_tokens
+        from ..audio.aligner_features import log_mel, prepare_audio
+        from ..model.aligner_audio import audio_tokens
 
         mel = log_mel(prepare_audio(audio, sample_rate), self.config.audio.num_mel_bins)
         ids = self.tokenizer.encode(prompt_text(words, audio_tokens(mel.shape[1], self.config.audio)))
@@ -135,7 +135,7 @@ class ForcedAligner:
         """Word timings of ``text`` spoken in ``audio`` (seconds from the start of ``audio``)."""
         import torch
 
-        from .text.words import split_words
+        from ..text.words import split_words
 
         words = split_words(text, language)
         if not words:
