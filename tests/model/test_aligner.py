@@ -165,5 +165,6 @@ def test_cli_writes_an_aligner_checkpoint(tmp_path, capsys):
     from qtts.cli import main
 
     assert main(["random-checkpoint", str(tmp_path / "al"), "--kind", "forced_aligner", "--tokenizer", TOKENIZER]) == 0
-    assert "forced_aligner" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "forced_aligner" in out and "timestamps follow" in out and "codes" not in out  # no TTS notes
     assert AlignerConfig.from_dir(str(tmp_path / "al")).classify_num == 5000

@@ -275,6 +275,9 @@ def run_random_checkpoint(args) -> int:
     planted = ", planted structure" if args.planted else ""
     print(f"wrote {args.size} {args.kind} ({args.layout} layout, {args.dtype}, seed {args.seed}{planted}) to {out}: "
           f"{total / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
+    if args.kind == "forced_aligner":
+        print("random weights: the timestamps follow the audio and the words, but mean nothing")
+        return 0
     print("random weights: the audio follows the codes, but it is noise, not speech")
     if not args.tokenizer:
         print(STANDIN_NOTE)
