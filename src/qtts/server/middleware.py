@@ -145,22 +145,7 @@ class AccessMiddleware:
             await send(message)
 
         try:
-            wrong_type = _wrong_content_type(scope["method"], scope["path"], headers)
-            refusal = self.policy.refusal(scope)
-            if "content-length" in headers and "transfer-encoding" in headers:  # RFC 9112 6.1: then close
-                extra["error"] = "Content-Length with Transfer-Encoding"
-                await self._reject(send_wrapper, 400, "a request may not carry both Content-Length and "
-                                   "Transfer-Encoding (RFC 9112 section 6.1); the connection is closed", "bad_framing")
-            elif refusal is not None:
-                extra["error"] = refusal[1][:200]
-                await self._reject(send_wrapper, 403, refusal[1], refusal[0])
-            elif body.length > body.limit:
-                await self._reject(send_wrapper, 413, f"request body too large: {body.length} bytes; the limit "
-                                   f"is {body.limit} bytes")
-            elif wrong_type:
-                await self._reject(send_wrapper, 415, wrong_type, "unsupported_media_type")
-            else:
-                await self.app(scope, body.receive, send_wrapper)
+            await self._dispatch(scope, headers, body, extra, send_wrapper)
         except BodyTooLarge as exc:
             if info["status"] is None:
                 await self._reject(send_wrapper, 413, exc.detail)
@@ -170,6 +155,24 @@ class AccessMiddleware:
             raise
         finally:
             self._finish(scope, info, extra, rid, t0)
+
+    async def _dispatch(self, scope, headers: dict, body, extra: dict, send) -> None:
+        """The app, or the refusal a request's framing, origin, size or content type earns."""
+        wrong_type = _wrong_content_type(scope["method"], scope["path"], headers)
+        refusal = self.policy.refusal(scope)
+        if "content-length" in headers and "transfer-encoding" in headers:  # RFC 9112 6.1: then close
+            extra["error"] = "Content-Length with Transfer-Encoding"
+            await self._reject(send, 400, "a request may not carry both Content-Length and Transfer-Encoding "
+                               "(RFC 9112 section 6.1); the connection is closed", "bad_framing")
+        elif refusal is not None:
+            extra["error"] = refusal[1][:200]
+            await self._reject(send, 403, refusal[1], refusal[0])
+        elif body.length > body.limit:
+            await self._reject(send, 413, f"request body too large: {body.length} bytes; the limit is {body.limit} bytes")
+        elif wrong_type:
+            await self._reject(send, 415, wrong_type, "unsupported_media_type")
+        else:
+            await self.app(scope, body.receive, send)
 
     async def _reject(self, send, status: int, message: str, code: str | None = None) -> None:
         body = json.dumps(error_body(status, message, code)).encode()

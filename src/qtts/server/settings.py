@@ -100,6 +100,12 @@ class ServerSettings:
     ws_max_pings_per_s: float = 5.0
 
     def __post_init__(self):
+        self._check_counts()
+        self._check_lists()
+        if not 0 <= self.port <= 65535:
+            raise InputError(f"port={self.port}: must be in 0..65535")
+
+    def _check_counts(self) -> None:
         if self.max_concurrency < 1:
             raise InputError(f"max_concurrency={self.max_concurrency}: must be >= 1")
         if self.max_batch < 1:
@@ -131,6 +137,12 @@ class ServerSettings:
                 f"default_response_format={self.default_response_format!r}: "
                 f"choose one of {', '.join(SUPPORTED_FORMATS)}"
             )
+        for name in ("ws_max_messages_per_s", "ws_max_pings_per_s"):
+            if not 0 < getattr(self, name) <= 1e6:
+                raise InputError(f"{name}={getattr(self, name)}: must be in (0, 1000000] per second")
+
+    def _check_lists(self) -> None:
+        """Voice aliases, origin / host allow lists ("a,b" or a list) and the named proxies."""
         from .aliases import parse_alias
 
         for pair in self.voice_aliases:
@@ -140,17 +152,12 @@ class ServerSettings:
             if isinstance(value, str):
                 value = [x.strip() for x in value.split(",") if x.strip()]
             object.__setattr__(self, name, tuple(value))
-        for name in ("ws_max_messages_per_s", "ws_max_pings_per_s"):
-            if not 0 < getattr(self, name) <= 1e6:
-                raise InputError(f"{name}={getattr(self, name)}: must be in (0, 1000000] per second")
         from .clients import check_proxies
 
         object.__setattr__(self, "forwarded_allow_ips", check_proxies(self.forwarded_allow_ips))
         from .origin import check_allow_lists
 
         check_allow_lists(self.allow_origins, self.allow_hosts)
-        if not 0 <= self.port <= 65535:
-            raise InputError(f"port={self.port}: must be in 0..65535")
 
     @property
     def slots(self) -> int:
