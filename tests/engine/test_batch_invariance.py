@@ -3,12 +3,12 @@
 On the quantized presets (``fast``: int8, ``fastest``: int4) onnxruntime's MatMulNBits kernels
 compute a row that shares the kernel with a second row (rows are taken in pairs) differently in the
 last bits from a row computed on its own (an odd row count's last row); a near-tie between two
-logits then picks another code, and with sampling a stream's whole continuation moves. So a
-stream's audio depended on how many streams were stepped with it. The batched ONNX backend now runs
-every talker step and predictor frame on an even number of rows, and a one-stream engine on a
-quantized bundle runs the same graphs the same way, so "alone" and "in a batch of k" are the same
-computation for every row. These tests compare logits bitwise (stronger than codes), then whole
-streams: mixed modes and lengths, greedy and seeded, a mid-stream arrival and a cancellation.
+logits then picks another code, and with sampling a stream's whole continuation moves. So on a
+batched engine (``qtts serve --max-batch N``) a stream's audio depended on how many streams were
+stepped with it. The batched ONNX backend now runs every talker step and predictor frame on an even
+number of rows, so a stream alone on the engine (a batch of one) and in a batch of any size is the
+same computation for every row. These tests compare logits bitwise (stronger than codes), then
+whole streams: mixed modes and lengths, greedy and seeded, a mid-stream arrival and a cancellation.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 
 from qtts.backends import open as open_parts
 from qtts.backends.cache import PRESETS
-from qtts.engine.generate import advance, advance_rows, next_code0, predict, predict_rows, prefill, release
-from support.batch_util import TEXTS, alone, request, run_batch, voices
+from qtts.engine.generate import advance_rows, next_code0, predict_rows, prefill, release
+from support.batch_util import TEXTS, request, run_batch, voices
 
 #: the presets whose generation runs on ONNX (``faithful`` is fp32: tests/engine/test_batching.py)
 QUANTIZED = ("fast", "fastest")
@@ -45,7 +45,8 @@ CASES = [("tiny", "fast"), ("tiny", "fastest"), ("mid", "fast")]
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{size}-{preset}" for size, preset in CASES])
 def preset_parts(request, tiny_snapshot, tmp_path_factory):
-    """(one-stream Components, batched Components with 4 rows) of a Base checkpoint on a preset."""
+    """Two batched engines (4 rows) of a Base checkpoint on a preset: one runs each stream alone, the
+    other runs them together."""
     size, preset = request.param
     root = tmp_path_factory.mktemp(f"inv-{size}-{preset}")
     if size == "tiny":
@@ -57,7 +58,8 @@ def preset_parts(request, tiny_snapshot, tmp_path_factory):
         snap = write_random_checkpoint(str(root / "mid"), size="mid", kind="base",
                                        tokenizer_dir=reference("configs", "text-tokenizer-qwen2"))  # fmt: skip
     plan = _export(snap, str(root / "bundle"), preset)
-    yield open_parts(snap, plan=plan, threads=1), open_parts(snap, plan=plan, threads=1, max_batch=4)
+    solo, batched = (open_parts(snap, plan=plan, threads=1, max_batch=4) for _ in range(2))
+    yield solo, batched
     if size == "mid":
         shutil.rmtree(root, ignore_errors=True)  # 2.3 GB of checkpoint, 0.6 GB of bundle
 
@@ -74,29 +76,42 @@ def _requests(parts) -> list:
     ]
 
 
+def _solo_run(be, reqs, step: int) -> list:
+    """Stream ``i`` alone on a batched engine for ``step`` frames: per frame (codes, talker logits after it)."""
+    out = []
+    for r in reqs:
+        state, frames = prefill(be, r.prompt, r.params, r.speaker), []
+        try:
+            for _ in range(step):
+                code0, u = next_code0(state, r.params)
+                codes = predict_rows(be, [state], [code0], [r.params], [u])[0]
+                advance_rows(be, [state], [codes])
+                frames.append((codes, state.logits.copy()))
+        finally:
+            release(be, state)
+        out.append(frames)
+    return out
+
+
 def test_rows_are_bitwise_alone_in_batches_of_one_to_four(preset_parts):
-    """Every batched row's talker logits equal the one-stream engine's bit for bit, whatever the
-    batch: 1, 2, 3 and 4 rows, a row stepping alone above idle rows, rows leaving."""
-    single, batched = preset_parts
+    """Every row's codes and talker logits in a batch equal the same stream's alone on the engine,
+    bit for bit, whatever the batch: 1, 2, 3 and 4 rows, a row stepping alone above idle rows."""
+    solo, batched = preset_parts
     reqs = _requests(batched)[:4]
-    one = [prefill(single.backend, r.prompt, r.params, r.speaker) for r in reqs]
+    ref = _solo_run(solo.backend, reqs, 8)
     many = [prefill(batched.backend, r.prompt, r.params, r.speaker) for r in reqs]
     try:
         for step in range(8):
-            picks = [next_code0(s, r.params) for s, r in zip(one, reqs)]
-            frames = [predict(single.backend, s, c, r.params, u) for s, (c, u), r in zip(one, picks, reqs)]
-            for s, f in zip(one, frames):
-                advance(single.backend, s, f)
             groups = ([[0, 1, 2, 3]], [[3], [0, 1, 2]], [[0, 1], [2], [3]], [[1, 2, 3], [0]])[step % 4]
             for g in groups:
                 picks = [next_code0(many[i], reqs[i].params) for i in g]
                 rows = predict_rows(batched.backend, [many[i] for i in g], [c for c, _ in picks],
                                     [reqs[i].params for i in g], [u for _, u in picks])  # fmt: skip
                 for i, r in zip(g, rows):
-                    np.testing.assert_array_equal(r, frames[i], err_msg=f"step {step}: codes of stream {i}, rows {g}")
-                advance_rows(batched.backend, [many[i] for i in g], [frames[i] for i in g])
-            for i, (a, b) in enumerate(zip(one, many)):
-                assert np.array_equal(a.logits, b.logits), f"step {step}: talker logits of stream {i} differ"
+                    np.testing.assert_array_equal(r, ref[i][step][0], err_msg=f"step {step}: stream {i}, rows {g}")
+                advance_rows(batched.backend, [many[i] for i in g], [ref[i][step][0] for i in g])
+            for i, state in enumerate(many):
+                assert np.array_equal(state.logits, ref[i][step][1]), f"step {step}: talker logits of stream {i}"
     finally:
         for state in many:
             release(batched.backend, state)
@@ -104,10 +119,13 @@ def test_rows_are_bitwise_alone_in_batches_of_one_to_four(preset_parts):
 
 def test_streams_equal_alone_with_arrivals_and_a_cancellation(preset_parts):
     """Whole streams through the batch loop: a joins alone, b and c after two steps, d and e after
-    five (e waits for a row), c is cancelled mid-stream; each equals its one-stream run."""
-    single, batched = preset_parts
+    five (e waits for a row), c is cancelled mid-stream; each equals its run alone on the engine."""
+    solo, batched = preset_parts
     reqs = _requests(batched)
-    ref = {r.name: alone(single.backend, r) for r in reqs}
+    ref = {}
+    for r in reqs:
+        sink = run_batch(solo.backend, {0: [r]})[0][r.name]
+        ref[r.name] = (sink.codes, sink.end)
     sinks, stats = run_batch(batched.backend, {0: [reqs[0]], 2: reqs[1:3], 5: reqs[3:]}, cancel_at={7: ["c"]})
     assert max(s.rows for s in stats) == 4 and 1 in [s.rows for s in stats]
     assert sinks["c"].end == "cancelled" and 0 < len(sinks["c"].codes) < len(ref["c"][0])

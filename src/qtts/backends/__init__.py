@@ -161,14 +161,10 @@ def _generation(plan: Plan, ctx: OpenContext) -> Backend:
             "use the same impl for both"
         )
     impl = impls.pop()
-    if impl == "onnx":  # a batched engine, or one stream on a quantized bundle: the batch graphs
-        from .onnx_batch import open_generation, open_paired
+    if impl == "onnx" and ctx.max_batch > 1:  # a batched engine: the bundle's batch graphs
+        from .onnx_batch import open_generation
 
-        if ctx.max_batch > 1:
-            return open_generation(talker, predictor, ctx)
-        paired = open_paired(talker, predictor, ctx)
-        if paired is not None:
-            return paired
+        return open_generation(talker, predictor, ctx)
     return _opener(impl, "generation")(talker, predictor, ctx)
 
 

@@ -15,9 +15,10 @@ dropped. Rows are handed out lowest first, so active streams sit together. The c
 ``fastest`` presets) computes rows two at a time; a row computed on its own (one row, or the last of
 an odd count) differs from a paired row in the last bits, and a near-tie between two logits then
 picks another code. Paired rows do not depend on their partner. So every talker step and predictor
-frame here runs an even number of rows (an idle row or a dummy row makes up an odd count): a
-stream's rows are the same computation alone, in a batch of any size, and in the one-stream engine
-of a quantized bundle (:func:`open_paired`), which runs these graphs the same way.
+frame here runs an even number of rows (an idle row or a repeated row makes up an odd count): a
+stream's rows are the same computation alone (a batch of one) and in a batch of any size. (The
+one-stream engine of ``qtts.load`` keeps its one-stream graphs, one row per call: running them on
+paired rows cost 5-40 % per frame in the measurements of docs/performance.md, "Batch invariance".)
 """
 
 from __future__ import annotations
@@ -59,11 +60,8 @@ class KVPool:
         self.version = 0  # bumped when the arrays are replaced (bindings hold their pointers)
         self.owners: dict[int, PoolRow] = {}
 
-    def acquire(self, max_len: int, grow: bool = False) -> PoolRow:
+    def acquire(self, max_len: int) -> PoolRow:
         free = [i for i in range(self.rows) if i not in self.owners]
-        if not free and grow:  # a one-stream engine with generations interleaved on one thread
-            self._add_rows(2)
-            free = [i for i in range(self.rows) if i not in self.owners]
         if not free:
             raise RuntimeError(f"all {self.rows} KV rows are in use; release a stream's state first")
         if max_len > self.max_positions:
@@ -93,13 +91,6 @@ class KVPool:
         self.version += 1
         log.debug("talker KV pool: %d rows x %d positions", self.rows, cap)
 
-    def _add_rows(self, n: int) -> None:
-        self.rows += n
-        if self.arrays:
-            pad = ((0, n), (0, 0), (0, 0), (0, 0))
-            self.arrays = [np.pad(a, pad) for a in self.arrays]
-            self.version += 1
-
     def row_bytes(self) -> int:
         return self.kv_heads * self.capacity * self.head_dim * 4
 
@@ -115,15 +106,12 @@ class OnnxBatchBackend(OnnxBackend):
         t = meta["talker"]
         rows = _even(int(max_batch))  # room for the idle row that makes up an odd step
         self.pool = KVPool(t["layers"], t["kv_heads"], t["head_dim"], rows, len(self.rope_cos))
-        self.one_stream = int(max_batch) == 1  # open_paired: generations come one by one (or interleaved)
         self._bindings: dict = {}
         self.vocab = int(self.predictor_tables.shape[1])
-        self._frame_graph = artifacts.get("predictor_frame")  # one-stream graph with logits, for verify
-        self._frame_sess = None
 
     # -- talker ----------------------------------------------------------------------------------------
     def new_state(self, max_len: int) -> PoolRow:
-        return self.pool.acquire(int(max_len), grow=self.one_stream)
+        return self.pool.acquire(int(max_len))
 
     def release(self, state: PoolRow) -> None:
         self.pool.release(state)
@@ -132,9 +120,6 @@ class OnnxBatchBackend(OnnxBackend):
         """Prefill (or one step) of one stream on its own row, at batch 1."""
         x = np.ascontiguousarray(np.asarray(embeds, dtype=np.float32)[None])
         t = x.shape[1]
-        if t == 1:  # a step (the one-stream engine's loop): on paired rows, as in a batch
-            logits, hidden, _ = self.talker_rows(x[0], [pos], [state])
-            return logits[0], hidden[0], state
         self._check(state, pos, t)
         logits, hidden = self._run(("row", state.index), x, np.array([pos + t - 1], np.int32), pos + t)
         state.next_pos = pos + t
@@ -222,7 +207,7 @@ class OnnxBatchBackend(OnnxBackend):
         groups[first] = sorted(groups[first] + greedy)
         out = np.zeros((len(params), PREDICTOR_STEPS), dtype=np.int64)
         for (temperature, top_k, top_p), rows in groups.items():
-            take = rows + rows[-1:] * (len(rows) % 2)  # an odd count: the last row twice (paired rows)
+            take = rows + rows[-1:] * (_even(len(rows)) - len(rows))  # an odd count: the last row twice
             feeds = {
                 "hidden": np.ascontiguousarray(hidden[take], dtype=np.float32),
                 "code0": np.asarray(code0, dtype=np.int64)[take],
@@ -234,22 +219,6 @@ class OnnxBatchBackend(OnnxBackend):
             }
             out[rows] = self.predictor_sess.run(["codes"], feeds)[0][: len(rows)]
         return out
-
-    def predictor_logits(self, hidden, code0: int, sampler, uniforms):
-        """For ``qtts verify plan``: the one-stream frame graph's (codes, logits), opened on first use
-        (the batch graph has no logits output); None without one."""
-        if self._frame_graph is None:
-            return None
-        if self._frame_sess is None:
-            from .onnx import open_session
-
-            self._frame_sess = open_session(self._frame_graph, self.threads)
-        names = {o.name for o in self._frame_sess.get_outputs()}
-        if "logits" not in names:
-            return None
-        feeds = self._fused_feeds(hidden, code0, sampler.params, uniforms)
-        codes, logits = self._frame_sess.run(["codes", "logits"], feeds)
-        return codes.astype(np.int64), logits
 
     def _sampler(self, p) -> tuple:
         top_k = int(p.top_k) if p.top_k else self.vocab
@@ -264,42 +233,18 @@ def _even(n: int) -> int:
     return n + n % 2
 
 
-def _batch_artifacts(talker_spec, predictor_spec):
-    """(artifacts, meta) of the bundle's batch graphs, or None when it has none (exported before
-    batching, or a step-mode predictor)."""
+def open_generation(talker_spec, predictor_spec, ctx):
+    """The generation opener of an onnx plan when ``ctx.max_batch`` > 1: the batch graphs when the
+    bundle has them (frame-mode predictor), else the one-stream backend (streams stepped one by one)."""
     talker_batch, predictor_batch = talker_spec.artifacts.get("batch"), predictor_spec.artifacts.get("batch")
     bundle = os.path.dirname(talker_spec.artifacts["main"])
     manifest = read_manifest(bundle)
     meta = dict(manifest["graphs"])
     if not (talker_batch and predictor_batch and meta.get("predictor", {}).get("mode") == "frame"):
-        return None
-    artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
-    artifacts.update(talker=talker_batch, predictor=predictor_batch, predictor_frame=predictor_spec.artifacts["main"])
-    return artifacts, meta, manifest.get("precision", {})
-
-
-def open_generation(talker_spec, predictor_spec, ctx):
-    """The generation opener of an onnx plan when ``ctx.max_batch`` > 1: the batch graphs when the
-    bundle has them (frame-mode predictor), else the one-stream backend (streams stepped one by one)."""
-    found = _batch_artifacts(talker_spec, predictor_spec)
-    if found is None:
         log.warning("this bundle has no batch graphs (exported before batching, or a step-mode predictor): "
                     "a batched engine steps its streams one by one; re-export it with `qtts export onnx`")
         return open_one_stream(talker_spec, predictor_spec, ctx)
-    artifacts, meta, _ = found
+    artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
+    artifacts.update(talker=talker_batch, predictor=predictor_batch)
     threads = talker_spec.options.get("threads", ctx.threads)
     return OnnxBatchBackend(artifacts, meta, threads=threads, max_batch=ctx.max_batch)
-
-
-def open_paired(talker_spec, predictor_spec, ctx) -> OnnxBatchBackend | None:
-    """A one-stream engine on a quantized bundle: its batch graphs on paired rows (module docstring),
-    so a stream gets the codes it gets in any batch; None for an fp32 bundle (its one-stream graphs
-    already equal a batch's rows bit for bit) or one without batch graphs."""
-    found = _batch_artifacts(talker_spec, predictor_spec)
-    if found is None:
-        return None
-    artifacts, meta, precision = found
-    if {precision.get("talker", "fp32"), precision.get("predictor", "fp32")} == {"fp32"}:
-        return None
-    threads = talker_spec.options.get("threads", ctx.threads)
-    return OnnxBatchBackend(artifacts, meta, threads=threads, max_batch=1)
