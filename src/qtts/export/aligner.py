@@ -19,7 +19,14 @@ import logging
 import numpy as np
 
 from ..errors import InputError, require
-from .quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _constant, _live, _sort_opsets, quantize_weight
+from .quantize import (
+    ACCURACY_LEVEL,
+    DEFAULT_BLOCK_SIZE,
+    _constant,
+    _sort_opsets,
+    quantize_weight,
+    replace_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +103,7 @@ def quantize_aligner(path: str, bits: int = 8, block_size: int = DEFAULT_BLOCK_S
         nodes.append(onnx.helper.make_node(
             "MatMulNBits", [node.input[0], qb.name, qs.name], list(node.output), name=node.name + "_Q",
             domain="com.microsoft", K=k, N=n, bits=bits, block_size=block_size, accuracy_level=accuracy_level))
-    del graph.node[:]
-    graph.node.extend(_live(nodes, graph))
-    used = {i for node in graph.node for i in node.input}
-    keep = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep + [t for pair in done.values() for t in pair])
-    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    replace_nodes(model, nodes, done)
     _sort_opsets(model)
     save_model(model, path)
     count = sum(1 for node in graph.node if node.op_type == "MatMulNBits")

@@ -142,15 +142,23 @@ def quantize_graph(model, component: str, recipe: Recipe, block: int, level: int
         qb, qs = done[init.name]
         nodes.append(_nbits_node(onnx, node, qb.name, qs.name, k, n, bits, block, level))
         counts[precision] = counts.get(precision, 0) + 1
+    replace_nodes(model, nodes, done)
+    return {"quantized_matmuls": sum(counts.values()), "matmuls_by_precision": counts}
+
+
+def replace_nodes(model, nodes: list, done: dict) -> None:
+    """``model``'s graph becomes ``nodes`` (less the dead ones) with the initializers they read plus
+    ``done``'s (packed weight, scales) pairs; the contrib opset is imported when anything was quantized."""
+    onnx = require("onnx", "export", "weight quantization")
+    graph = model.graph
     del graph.node[:]
     graph.node.extend(_live(nodes, graph))
     used = {i for n in graph.node for i in n.input}
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep + [t for pair in done.values() for t in pair])
-    if counts and not any(o.domain == "com.microsoft" for o in model.opset_import):
+    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    return {"quantized_matmuls": sum(counts.values()), "matmuls_by_precision": counts}
 
 
 def _rotation(name: str) -> bool:

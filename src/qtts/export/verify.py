@@ -34,6 +34,7 @@ import numpy as np
 from ..audio.chunk import snr_db
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..engine.sampling import PredictorSampler
+from .vocoder_bar import stream_decode
 
 log = logging.getLogger(__name__)
 
@@ -159,21 +160,12 @@ def _snr_stats(name: str, snrs) -> dict:
             f"{name}_median": float(np.median(finite)) if finite else float("inf")}  # fmt: skip
 
 
-def _decode_stream(stream, codes: np.ndarray, first: int = 2, chunk: int = 8) -> np.ndarray:
-    pieces, i = [], 0
-    while i < len(codes):
-        n = first if i == 0 else chunk
-        pieces.append(np.asarray(stream.decode(codes[i : i + n]), dtype=np.float32).reshape(-1))
-        i += n
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-
-
 def _vocoder_snr(parts, checkpoint, codes: np.ndarray) -> float | None:
     import torch
 
     if len(codes) == 0:
         return None
-    test = _decode_stream(parts.vocoder.stream(), codes)
+    test = stream_decode(parts.vocoder.stream(), codes, first=2)
     with torch.inference_mode():
         ref = checkpoint.speech_tokenizer.decoder(torch.from_numpy(codes.T[None].copy()))
     return snr_db(ref.reshape(-1).float().numpy(), test)
