@@ -7,8 +7,6 @@ import pytest
 
 from qtts.export.vocoder_bar import meets_bar, vocoder_fidelity
 
-pytest.importorskip("torch")
-
 
 @pytest.fixture(scope="module")
 def decoder(tiny_snapshot):
