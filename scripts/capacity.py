@@ -155,14 +155,17 @@ def http_request(client, url: str, body: dict, sse: bool) -> dict:
     return {"status": 200, "wall_s": time.perf_counter() - t0, "first_s": first, "audio_s": size / BYTES_PER_SECOND}
 
 
-def ws_request(url: str, body: dict) -> dict:
-    """One live-speech WebSocket session: session.update, the text in one delta, text.done."""
+def ws_request(url: str, body: dict, source: str | None = None) -> dict:
+    """One live-speech WebSocket session: session.update, the text in one delta, text.done
+    (from the loopback address ``source`` when given)."""
     from websockets.sync.client import connect
+
+    extra = {"source_address": (source, 0)} if source else {}
 
     session = {k: body[k] for k in ("response_format", "max_frames", "seed", "voice") if k in body}
     t0 = time.perf_counter()
     first, size = None, 0
-    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", max_size=None) as ws:
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", max_size=None, **extra) as ws:
         ws.send(json.dumps({"type": "session.update", "session": session}))
         ws.send(json.dumps({"type": "text.delta", "delta": body["input"]}))
         ws.send(json.dumps({"type": "text.done"}))
@@ -181,16 +184,27 @@ def ws_request(url: str, body: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ one level
+def client_address(url: str, index: int) -> str | None:
+    """Each client from its own loopback address (127.0.1.N) when the server is on loopback: the
+    server's per-address limits (fair queue, WebSocket sessions per client) then see K listeners, as
+    K real clients would be; None elsewhere."""
+    host = urlparse(url).hostname or ""
+    return f"127.0.1.{index + 1}" if host.startswith("127.") else None
+
+
 def client_loop(args, url: str, voice, transport: str, index: int, until: float, out: list) -> None:
     import httpx
 
     seed = 1000 * index
-    with httpx.Client(timeout=600) as client:
+    source = client_address(url, index)
+    transport_opts = {"transport": httpx.HTTPTransport(local_address=source)} if source else {}
+    with httpx.Client(timeout=600, **transport_opts) as client:
         while time.perf_counter() < until:
             seed += 1
             body = _body(args, voice, seed, transport == "sse")
             try:
-                res = ws_request(url, body) if transport == "ws" else http_request(client, url, body, transport == "sse")
+                res = (ws_request(url, body, source) if transport == "ws"
+                       else http_request(client, url, body, transport == "sse"))  # fmt: skip
             except Exception as exc:  # counted as an error of this level
                 res = {"status": 0, "error": f"{type(exc).__name__}: {exc}"}
             out.append(res)

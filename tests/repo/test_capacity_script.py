@@ -15,13 +15,14 @@ def test_capacity_script_smoke(tiny_snapshot, tmp_path, capsys):
     capacity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(capacity)
     out = tmp_path / "cap.json"
-    argv = ["--model", tiny_snapshot(kind="custom_voice"), "--max-batch", "2", "--capacity", "2", "--threads", "1",
-            "--clients", "1,2", "--duration", "1", "--frames", "4", "--transport", "pcm", "--transport", "sse",
+    # 3 clients: more WebSocket sessions than one address may hold (2), so each client needs its own address
+    argv = ["--model", tiny_snapshot(kind="custom_voice"), "--max-batch", "3", "--capacity", "3", "--threads", "1",
+            "--clients", "1,3", "--duration", "1", "--frames", "4", "--transport", "pcm", "--transport", "sse",
             "--transport", "ws", "--json", str(out)]  # fmt: skip
     assert capacity.main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["transport"], r["clients"]) for r in rows] == [(t, k) for t in ("pcm", "sse", "ws") for k in (1, 2)]
+    assert [(r["transport"], r["clients"]) for r in rows] == [(t, k) for t in ("pcm", "sse", "ws") for k in (1, 3)]
     for r in rows:
         assert r["requests"] >= r["clients"] and r["errors"] == 0 and r["busy"] == 0
         assert r["rtf_p50"] > 0 and r["first_p95_ms"] >= r["first_p50_ms"] > 0 and r["audio_s_per_s"] > 0
-    assert "| ws | 2 |" in capsys.readouterr().out
+    assert "| ws | 3 |" in capsys.readouterr().out
