@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-10 table in one go (docs/performance.md, "Two cores, 1-frame first chunk, shared vocoder
+# The issue-10 table in one go (docs/history/performance.md, "Two cores, 1-frame first chunk, shared vocoder
 # weights"): official fp32, qtts int4 and int8 (pipelined and serial), the qwentts.cpp peer, the 1.7B
 # rows, peak RSS per plan in fresh processes, and the vocoder fidelity gate. Run it on an IDLE machine
 # from the repository root (it takes ~1 h on the 2-core VM, most of it exports and the official code):

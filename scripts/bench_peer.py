@@ -1,4 +1,4 @@
-"""The C++ peer qwentts.cpp in qtts's benchmark table (docs/performance.md, "Peer").
+"""The C++ peer qwentts.cpp in qtts's benchmark table (docs/history/performance.md, "Peer").
 
 The peer is the RealtimeTTS CPU wheel ``realtimetts-qwen-native-cpu`` (qwentts.cpp fork, ggml,
 AVX2 build) in its own venv (``bash scripts/setup_peer_env.sh`` -> .venv-peer). Subcommands:

@@ -6,7 +6,7 @@
 #   bash scripts/setup_openvino_env.sh            # create or verify
 #   OPENVINO_VENV=/path bash scripts/setup_openvino_env.sh
 # Then: PYTHONPATH=src .venv-openvino/bin/python scripts/perf/openvino_gemv.py --help
-#       (docs/performance.md, "OpenVINO on the Zen 4 VM (re-measured)")
+#       (docs/history/performance.md, "OpenVINO on the Zen 4 VM (re-measured)")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${OPENVINO_VENV:-.venv-openvino}

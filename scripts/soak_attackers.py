@@ -1,5 +1,5 @@
 """Hostile clients for ``scripts/soak.py --attackers``: one of each kind of the 2026-12-01 probe
-and of the 2026-12-04 one (``soak_attackers_r2.py``; docs/server.md, "What each attack gets"),
+and of the 2026-12-04 one (``soak_attackers_r2.py``; docs/operations.md, "What each attack gets"),
 each cycling in its own thread until the soak ends.
 
 Each kind connects from its own address 127.0.0.N (Linux routes all of 127/8 to loopback), so

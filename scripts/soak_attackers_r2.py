@@ -1,7 +1,7 @@
 """The attacks of the second probe (issue 38) for ``scripts/soak.py --attackers``, mixed into
 :class:`soak_attackers.Attackers` (which owns the plumbing: ``_sock``, ``_ws``, ``_until_closed``).
 
-Each returns True when the server answered as documented (docs/server.md, "What each attack
+Each returns True when the server answered as documented (docs/operations.md, "What each attack
 gets"): a FLAC client that hangs up (the slot is freed: the good clients' figures show it),
 X-Forwarded-For that must buy neither sessions nor queue places, Content-Length with
 Transfer-Encoding (400, closed), a Host with userinfo (403), an upload past the per-address

@@ -231,7 +231,7 @@ def test_batched_step_failure_reaches_its_streams_only(base_parts, monkeypatch):
 
 
 def test_batch_rows_script_says_fp32_rows_are_bitwise(tiny_snapshot, onnx_plan, capsys):
-    """scripts/batch_rows.py (the check docs/performance.md runs on full-size quantized plans)."""
+    """scripts/batch_rows.py (the check docs/history/batching.md runs on full-size quantized plans)."""
     import importlib.util
 
     from conftest import REPO_ROOT

@@ -1,9 +1,9 @@
-"""scripts/peer_gguf.py: our GGUF writer for the C++ peer qwentts.cpp (docs/performance.md, "Peer").
+"""scripts/peer_gguf.py: our GGUF writer for the C++ peer qwentts.cpp (docs/history/performance.md, "Peer").
 
 Runs without the peer wheel: names, metadata, quantization policy and an F32 round trip read back
 with ``gguf.GGUFReader``. That the peer loads the files and reproduces qtts's greedy codes is
 ``scripts/peer_check.py`` (needs .venv-peer and a real-size checkpoint; the peer aborts on the tiny
-dims), whose result docs/performance.md records.
+dims), whose result docs/history/performance.md records.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_thr
 TINY_HIDDEN = 256
 #: the parts :func:`open` can build (``parts=``); a Components built without one has None there
 PARTS = ("generation", "vocoder", "speaker_encoder", "speech_encoder")
-#: intra-op threads for real sizes: more than 4 buys nothing for batch-1 steps (docs/performance.md)
+#: intra-op threads for real sizes: more than 4 buys nothing for batch-1 steps (docs/history/performance.md)
 MAX_THREADS = 4
 
 
@@ -102,7 +102,7 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
 
 class LazyPart:
     """A part built on first use: the encoders, which only voice cloning needs (a full-size
-    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/performance.md). Attribute access
+    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/history/performance.md). Attribute access
     builds it once (thread-safe) and forwards; plan and artifact errors still surface at load."""
 
     def __init__(self, build):

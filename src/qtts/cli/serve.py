@@ -59,10 +59,10 @@ def _add_limits(p) -> None:
     p.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP",
                    help="a reverse proxy (IP address or network, e.g. 127.0.0.1 or 10.0.0.0/8; * any) whose "
                    "X-Forwarded-For names the client; repeatable or comma-separated. Default: none, the client "
-                   "is the TCP peer (docs/server.md, who is a client)")
+                   "is the TCP peer (docs/operations.md, who is a client)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web origin (scheme://host[:port]) whose pages may use the API besides the server's "
-                   "own page; repeatable; * allows any (docs/server.md, origin policy)")
+                   "own page; repeatable; * allows any (docs/operations.md, origin policy)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="a Host name to accept besides localhost and the bound address (a reverse proxy's "
                    "or the LAN name); repeatable; * allows any")
@@ -274,7 +274,7 @@ def run(args) -> int:
 
 
 def _run_ray(args, settings) -> int:
-    """``--ray``: deploy replicas of one batched engine each (docs/server.md, "One machine or a cluster")."""
+    """``--ray``: deploy replicas of one batched engine each (docs/operations.md, "One machine or a cluster")."""
     import dataclasses
 
     from ..server.ray_serve import RayConfig, run

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: MatMulNBits accuracy level (4 = int8 compute), chosen by measurement (see module docstring)
 ACCURACY_LEVEL = 4
-#: MatMulNBits block size along K, chosen by measurement (docs/performance.md): on the full-size
+#: MatMulNBits block size along K, chosen by measurement (docs/history/performance.md): on the full-size
 #: 0.6B talker and predictor, block 128 is 10-20 % faster than 32 (int8 talker 21-23 vs 26-31 ms,
 #: predictor 50-58 vs 64-77 ms per frame) for ~2 dB less talker-logit SNR (docs/fidelity.md)
 DEFAULT_BLOCK_SIZE = 128

@@ -116,7 +116,7 @@ def share_step_weights(directory: str, names: list[str], data_name: str = SHARED
     ``data_name`` (:data:`SHARED_DATA`); each graph points at it as ONNX external data.
     ``index_name`` (:data:`SHARED_INDEX`; None: not written) maps every graph's initializer names
     to (dtype, shape, offset), so a runtime can map each tensor once and hand the same buffer to
-    every step session (docs/performance.md, RSS). A graph's own former ``<name>.data`` file is
+    every step session (docs/history/performance.md, RSS). A graph's own former ``<name>.data`` file is
     removed. Returns the index. Deterministic: the same graphs give the same bytes.
     """
     onnx = require("onnx", "export", "ONNX export")

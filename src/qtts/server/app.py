@@ -3,7 +3,7 @@
 ``engine`` is a loaded :class:`qtts.TTS`, a list of them (one per worker slot), or ``None``
 while the model is still loading (``/health`` answers 503 until :meth:`ServerState.set_engine`).
 
-Concurrency model (see docs/server.md): ``max_concurrency`` (or ``max_batch``) worker threads, each
+Concurrency model (see docs/operations.md): ``max_concurrency`` (or ``max_batch``) worker threads, each
 holding one engine *slot* (a batched engine fills every slot itself); requests beyond that wait in a FIFO of ``max_queue`` places, then get 429. One
 :class:`qtts.TTS` keeps per-call state inside ``stream()`` only if it says so with
 ``thread_safe = True``; otherwise one engine serves one generation at a time, and several

@@ -1,4 +1,4 @@
-"""Who is a client: the one definition every per-address limit uses (docs/server.md, "Who is a client").
+"""Who is a client: the one definition every per-address limit uses (docs/operations.md, "Who is a client").
 
 A client is the address of the TCP peer, unless that peer is a reverse proxy the operator named
 (``qtts serve --forwarded-allow-ips``): then it is the address that proxy forwards in

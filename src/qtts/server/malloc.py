@@ -4,7 +4,7 @@ glibc gives every thread that allocates its own malloc arena, up to 8 per core. 
 threads (the workers, the engine's batch and vocoder threads, onnxruntime's pools, the asyncio
 default executor) each fill an arena with short-lived buffers, and memory freed into one arena
 is kept there: under a churn of connections and requests the process grows by hundreds of MB
-that it never uses again (docs/server.md, "Soak result"). :func:`limit_arenas` caps the arenas
+that it never uses again (docs/operations.md, "Soak result"). :func:`limit_arenas` caps the arenas
 at ``ARENAS`` before the threads start. The ``MALLOC_ARENA_MAX`` environment variable, read by
 glibc itself, wins when it is set; other C libraries (musl, macOS) are left alone.
 """

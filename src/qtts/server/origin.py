@@ -1,4 +1,4 @@
-"""Which browsers and Host names may use the server: the origin policy (docs/server.md).
+"""Which browsers and Host names may use the server: the origin policy (docs/operations.md).
 
 A web page the user visits can send requests to a server on the user's machine: a cross-origin
 "simple" POST (a multipart upload), a WebSocket (browsers never block those by origin), or

@@ -6,7 +6,7 @@ queue, or refused), runs one ``TTS.stream_text`` call fed by its own :class:`Tex
 its slot back when that call ends. The session decides when an utterance's text input ends
 (:meth:`Utterance.close`: the talker then speaks the text it has and stops): at ``text.done``, after
 a pause in the text, or, while other requests wait, at a sentence end or when the utterance waits
-for text (docs/server.md, "Live sessions and capacity"). :func:`cut_point` finds where in a new
+for text (docs/operations.md, "Live sessions and capacity"). :func:`cut_point` finds where in a new
 piece of text an utterance may end; :func:`produce` is the worker-thread body.
 """
 
