@@ -4,6 +4,9 @@
 hub id from the local Hugging Face cache, downloaded when online) + :func:`qtts.model.checkpoint.load_dir`
 (meta-device modules, ``load_state_dict(strict=True, assign=True)`` from memory-mapped safetensors,
 beside the modules whose keys it loads). The loader's names are re-exported here, their old home.
+
+Importing this module imports no torch: a core install (ONNX Runtime, no torch) resolves hub ids
+here too; the loader's names (and torch) are imported on first use.
 """
 
 from __future__ import annotations
@@ -12,31 +15,35 @@ import logging
 import os
 import re
 
-import torch
-
 from .errors import InputError, require
-from .model.checkpoint import (
-    CHECKPOINT_ROOTS,
-    Checkpoint,
-    empty_init,
-    load_dir,
-    load_into,
-    load_tensors,
-    to_dtype,
-)
 
-__all__ = ["CHECKPOINT_ROOTS", "Checkpoint", "empty_init", "load_checkpoint", "load_dir", "load_into", "load_tensors",
-           "resolve_snapshot", "to_dtype"]  # fmt: skip
+#: the loader's names, re-exported from :mod:`qtts.model.checkpoint` on first use (it imports torch)
+_LOADER = ("CHECKPOINT_ROOTS", "Checkpoint", "empty_init", "load_dir", "load_into", "load_tensors", "to_dtype")
+__all__ = ["load_checkpoint", "resolve_snapshot", *_LOADER]
 
 log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def load_checkpoint(path_or_hub_id: str, dtype=torch.float32, components=CHECKPOINT_ROOTS, device=None,
-                    speech_tokenizer_dtype=None) -> Checkpoint:  # fmt: skip
-    """Load a snapshot: ``config``, ``model`` (talker [+ speaker encoder]), ``speech_tokenizer`` (decoder [+ encoder])."""
-    return load_dir(resolve_snapshot(path_or_hub_id), dtype, components, device, speech_tokenizer_dtype)
+def __getattr__(name: str):
+    if name in _LOADER:
+        from .model import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_checkpoint(path_or_hub_id: str, dtype=None, components=None, device=None, speech_tokenizer_dtype=None):
+    """Load a snapshot: ``config``, ``model`` (talker [+ speaker encoder]), ``speech_tokenizer`` (decoder [+ encoder]).
+
+    ``dtype`` None: float32; ``components`` None: every checkpoint root (:data:`CHECKPOINT_ROOTS`)."""
+    import torch
+
+    from .model.checkpoint import CHECKPOINT_ROOTS, load_dir
+
+    return load_dir(resolve_snapshot(path_or_hub_id), torch.float32 if dtype is None else dtype,
+                    CHECKPOINT_ROOTS if components is None else components, device, speech_tokenizer_dtype)
 
 
 def resolve_snapshot(path_or_hub_id: str, revision: str | None = None) -> str:
