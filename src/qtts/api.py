@@ -1,7 +1,8 @@
 """Public API: ``qtts.load()`` -> :class:`TTS` with ``stream`` / ``stream_text`` / ``synthesize`` /
 ``save`` / ``create_voice``.
 
-``stream()`` is the one body: text -> sentence pieces -> prompt -> :class:`~qtts.engine.generate.Generation`
+A thin facade: it checks the input and calls the one synthesis body, :class:`qtts.engine.synth.Synthesis`
+(``TTS.synth``): text -> sentence pieces -> prompt -> :class:`~qtts.engine.generate.Generation`
 frames -> the stateful streaming vocoder -> :class:`~qtts.audio.AudioChunk`. The first chunk is
 decoded after ``first_chunk_frames`` frames, later chunks double in size up to ``chunk_frames``;
 the vocoder state continues across sentence pieces, so pieces join without a seam. With
@@ -19,26 +20,23 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterator
-
-import numpy as np
 
 from .audio.chunk import Audio, AudioChunk
 from .audio.codes import check_codes
 from .config import CODEBOOK_SIZE, SAMPLE_RATE
-from .engine.generate import AnyCancel, LoopParams, WatchdogParams, frame_budget, generate
-from .engine.stream import Chunker, StreamStats, chunks, closing_frames, collect, run_ahead, with_speed
+from .engine.stream import collect, with_speed
+from .engine.synth import Synthesis, with_timestamps
 from .errors import InputError
 from .options import SynthesisOptions
-from .text.prompt import build_prompt, clean_text, live_prompt, resolve_mode, text_stream, valid_conditioning
+from .text.prompt import clean_text, resolve_mode, valid_conditioning
 from .voice import Voice, add_trailing_silence, load_reference_audio
 
 log = logging.getLogger(__name__)
 
 
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
-         parts=None, max_batch: int = 1) -> TTS:
+         parts=None, max_batch: int = 1, aligner: str | None = None) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` picks runtimes per component: None = the default
     preset (an ONNX bundle built once per checkpoint and cached, :mod:`qtts.backends.cache`),
     ``"torch"`` = the fp32 reference, a preset name, or a plan path / dict / Plan.
@@ -46,12 +44,14 @@ def load(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
     builds everything, ``("vocoder",)`` only what :meth:`TTS.decode` needs (no talker is loaded).
     ``max_batch`` > 1: concurrent :meth:`TTS.stream` / :meth:`TTS.stream_text` calls share one
-    batched generation loop (:mod:`qtts.engine.batching`).
+    batched generation loop (:mod:`qtts.engine.batching`). ``aligner``: the Qwen3-ForcedAligner snapshot
+    (folder or hub id) that times words for ``timestamps=True``; None = ``$QTTS_ALIGNER``, else the
+    official one when it is in the local Hugging Face cache (:mod:`qtts.align.runtime`).
     """
     from .backends import open as open_components
 
     return TTS(open_components(model, plan=plan, dtype=dtype, threads=threads, backend=backend, parts=parts,
-                               max_batch=max_batch))  # fmt: skip
+                               max_batch=max_batch), aligner=aligner)  # fmt: skip
 
 
 class TTS:
@@ -62,13 +62,12 @@ class TTS:
     and their vocoder steps run on one :class:`~qtts.backends.vocoder_batch.VocoderBatcher` thread.
     """
 
-    def __init__(self, components, max_batch: int | None = None):
+    def __init__(self, components, max_batch: int | None = None, aligner: str | None = None):
         self.components = components
         self.config = components.config
-        self.max_batch = int(max_batch or getattr(components, "max_batch", 1) or 1)
-        self._batch = None
-        self._vocoder_batch = None
-        self._batch_lock = threading.Lock()
+        #: the synthesis runtime every call runs on (:mod:`qtts.engine.synth`)
+        self.synth = Synthesis(components, max_batch, _aligner_slot(aligner, components.plan), _vocoder_batcher)
+        self.max_batch = self.synth.max_batch
         self._codec: str | None = None
 
     # -- facts ---------------------------------------------------------------------------------
@@ -115,61 +114,47 @@ class TTS:
     @property
     def batch(self):
         """The shared :class:`~qtts.engine.batching.BatchEngine` (started on first use), or None when ``max_batch`` is 1."""
-        if self.max_batch <= 1:
-            return None
-        with self._batch_lock:
-            if self._batch is None:
-                from .engine.batching import BatchEngine
-
-                self._batch = BatchEngine(self.components.backend, self.max_batch)
-            return self._batch
+        return self.synth.batch
 
     @property
     def vocoder_batch(self):
-        """The shared :class:`~qtts.backends.vocoder_batch.VocoderBatcher` (started on first use), or
-        None when ``max_batch`` is 1 or the vocoder is not a fixed-step one."""
-        vocoder = self.components.vocoder
-        if self.max_batch <= 1 or not hasattr(vocoder, "run_batch"):
-            return None
-        with self._batch_lock:
-            if self._vocoder_batch is None:
-                from .backends.vocoder_batch import VocoderBatcher
+        """The shared :class:`~qtts.backends.vocoder_batch.VocoderBatcher`, or None (:attr:`Synthesis.vocoder_batch`)."""
+        return self.synth.vocoder_batch
 
-                self._vocoder_batch = VocoderBatcher(vocoder, self.max_batch)
-            return self._vocoder_batch
+    @property
+    def aligner(self):
+        """The forced aligner's :class:`~qtts.align.runtime.AlignerWorker` (loaded on first use), or None
+        when no aligner snapshot was given or found (``timestamps=True`` then times whole pieces)."""
+        return self.synth.aligner
 
     def close(self) -> None:
-        """Stop the batch engine's and the vocoder batcher's threads (running streams end
+        """Stop the batch engine's, the vocoder batcher's and the aligner's threads (running streams end
         'cancelled'); idempotent."""
-        with self._batch_lock:
-            engine, self._batch = self._batch, None
-            vocoders, self._vocoder_batch = self._vocoder_batch, None
-        if engine is not None:
-            engine.close()
-        if vocoders is not None:
-            vocoders.close()
+        self.synth.close()
 
     # -- synthesis -----------------------------------------------------------------------------
     def stream(self, text: str, voice: Voice | str | None = None, speaker: str | None = None,
                instruct: str | None = None, language: str | None = None,
-               options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+               options: SynthesisOptions | None = None, timestamps: bool | None = None) -> Iterator[AudioChunk]:
         """Yield audio chunks while generating; the last one has ``is_final`` and ``finish_reason``.
 
         Input errors (mode/checkpoint mismatch, unknown speaker or language, empty text) are
         raised at the call, before any chunk. Closing the iterator stops generation at once.
+        ``timestamps`` (or ``options.timestamps``): word timings on the chunks (``AudioChunk.words``,
+        :mod:`qtts.align.timing`), as each piece's alignment completes; the audio is the same.
         """
         self._need("backend", "generation")
         self._need("vocoder", "vocoder")
-        options = (options or SynthesisOptions()).resolve(self.config.generation)
+        options = with_timestamps(options, timestamps).resolve(self.config.generation)
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.load(os.fspath(voice))
         mode = resolve_mode(self.config, voice, speaker, instruct, language or options.language)
-        pieces = self._pieces(text, options)
-        return with_speed(self._stream(pieces, mode, options), options.speed)
+        pieces = self.synth.pieces(text, options)
+        return with_speed(self.synth.text(pieces, mode, options), options.speed)
 
     def stream_text(self, pieces, voice: Voice | str | None = None, speaker: str | None = None,
                     instruct: str | None = None, language: str | None = None,
-                    options: SynthesisOptions | None = None):
+                    options: SynthesisOptions | None = None, timestamps: bool | None = None):
         """Speak text while it is still being written: ``pieces`` are its parts in order (an LLM's
         deltas), as an iterable, an async iterable, or a :class:`qtts.text.live.TextFeed`.
 
@@ -180,9 +165,10 @@ class TTS:
         one talker context (``options.context_frames``); a longer text goes on in a new context
         from a sentence end. ``options.speed`` stretches the audio as in :meth:`stream`.
         Conditioning errors are raised at the call; an empty text when the input ends. Closing
-        the iterator stops generation within one frame.
+        the iterator stops generation within one frame. ``timestamps``: as in :meth:`stream`, per
+        talker context.
         """
-        options = (options or SynthesisOptions()).resolve(self.config.generation)
+        options = with_timestamps(options, timestamps).resolve(self.config.generation)
         if options.non_streaming_text:
             raise InputError("stream_text feeds text as it arrives, which needs the streaming text layout; "
                              "leave non_streaming_text unset (or False)")
@@ -192,7 +178,7 @@ class TTS:
         from .text.live import TextFeed, astream
 
         def speak(source, opts: SynthesisOptions) -> Iterator[AudioChunk]:
-            return with_speed(self._stream_live(source, mode, opts), opts.speed)
+            return with_speed(self.synth.live(source, mode, opts), opts.speed)
 
         if hasattr(pieces, "__aiter__"):
             return astream(pieces, self.components.tokenizer, speak, options)
@@ -226,7 +212,7 @@ class TTS:
         size = int(tokenizer.decoder_config.codebook_size) if tokenizer is not None else CODEBOOK_SIZE
         codes = check_codes(codes, "codes", size)
         prime = None if prime is None else check_codes(prime, "prime", size, allow_empty=True)
-        return with_speed(self._decode(codes, prime, options), options.speed)
+        return with_speed(self.synth.decode(codes, prime, options), options.speed)
 
     def decode(self, codes, prime=None, options: SynthesisOptions | None = None, codec: str | None = None) -> Audio:
         """The whole audio of saved frames (consumes :meth:`decode_stream`)."""
@@ -270,119 +256,25 @@ class TTS:
             raise InputError(f"this TTS was loaded without the {part}; load it with parts=None (everything) "
                              f"or parts that include '{part}'")
 
-    def _vocoder(self, prime):
-        """A fresh vocoder stream (of the shared batcher when batched), primed with ICL reference codes
-        (their audio is discarded)."""
-        batcher = self.vocoder_batch
-        vocoder = batcher.stream() if batcher is not None else self.components.vocoder.stream()
-        if prime is not None and len(prime):
-            try:
-                getattr(vocoder, "prime", vocoder.decode)(prime)
-            except BaseException:
-                _release(vocoder)
-                raise
-        return vocoder
 
-    def _pieces(self, text: str, options: SynthesisOptions) -> list[str]:
-        text = clean_text(text)
-        if not options.split_sentences or len(text) <= options.max_sentence_chars:
-            return [text]  # one talker context, as in the official model (and what pack_sentences gives it)
-        from .text.sentences import pack_sentences
+def _aligner_slot(spec: str | None, plan):
+    """The aligner slot's factory: found now when ``spec`` names one (a bad one fails at load), else on
+    the first ``timestamps=True`` call (a request without timestamps never looks)."""
+    if spec:
+        from .align.runtime import AlignerSlot
 
-        return pack_sentences(text, options.max_sentence_chars) or [text]
-
-    def _loop_params(self, max_frames: int, options: SynthesisOptions, index: int, cancel=None) -> LoopParams:
-        seed = None if options.seed is None else int(options.seed) + index
-        return LoopParams.for_config(
-            self.config, options.talker, options.predictor, max_frames, seed=seed,
-            watchdog=WatchdogParams() if options.watchdog else None, cancel=cancel or options.cancel,
-        )  # fmt: skip
-
-    def _generate(self, prompt, params: LoopParams, speaker, text=None):
-        """Frames of one prompt (``text``: a live text source): a :class:`~qtts.engine.generate.Generation`,
-        or a stream of the shared batch."""
-        batch = self.batch
-        if batch is None:
-            return generate(self.components.backend, prompt, params, speaker=speaker, text=text)
-        return batch.submit(prompt, params, speaker, text=text)
-
-    def _stream(self, pieces, mode, options) -> Iterator[AudioChunk]:
-        """:meth:`stream`'s body: the frames of every piece through :func:`~qtts.engine.stream.chunks`."""
-        stats = StreamStats(pieces=len(pieces))
-        chunker = Chunker(self._vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
-                          options.chunk_frames)  # fmt: skip
-
-        def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
-            for index, piece in enumerate(pieces):
-                prompt = build_prompt(self.config, self.components.tokenizer, piece, mode, options.non_streaming_text)
-                budget = options.max_frames or frame_budget(prompt.text_token_count,
-                                                            cap=int(self.config.generation.max_new_tokens))
-                gen = self._generate(prompt, self._loop_params(budget, options, index, cancel), mode.xvector)
-                yield from closing_frames(gen)
-                stats.finish_reasons.append(gen.finish_reason)
-                if gen.finish_reason == "cancelled":
-                    return
-
-        first_decoded = threading.Event()
-        if options.pipeline and self.max_batch <= 1:  # a batch engine's thread already generates ahead
-            source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
-        else:
-            source = frames(options.cancel)
-        try:
-            yield from chunks(source, chunker, stats, first_decoded=first_decoded)
-        finally:
-            _release(chunker.vocoder)
-
-    def _stream_live(self, source, mode, options) -> Iterator[AudioChunk]:
-        """:meth:`stream_text`'s body: the frames of every talker context a :class:`~qtts.text.live.TextFeed`
-        opens, through :func:`~qtts.engine.stream.chunks` (module doc of :mod:`qtts.text.live`).
-        ``source``: the feed itself, or an iterable that a reader thread pushes into a new feed."""
-        from .text.live import TextFeed, context_limits, start_reader
-
-        parts = self.components
-        feed = source if isinstance(source, TextFeed) else TextFeed(parts.tokenizer)
-        if feed is not source:
-            start_reader(source, feed)
-        cancel = AnyCancel(options.cancel, feed)
-        cap = options.max_frames or min(options.context_frames, int(self.config.generation.max_new_tokens))
-        max_tokens, budget = context_limits(cap, options.max_frames)
-        text = text_stream(self.config, parts.tokenizer, mode)
-        stats = StreamStats(pieces=0, feed=feed)
-        chunker = Chunker(self._vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
-                          options.chunk_frames)  # fmt: skip
-        current: list = [None]
-
-        def frames() -> Iterator[np.ndarray]:
-            while (ctx := feed.next_context(text, parts.backend, max_tokens, budget, cancel)) is not None:
-                prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
-                gen = current[0] = self._generate(prompt, self._loop_params(cap, options, stats.pieces, cancel),
-                                                  mode.xvector, text=ctx)  # fmt: skip
-                yield from closing_frames(gen)
-                ctx.end(gen.finish_reason)
-                stats.pieces += 1
-                stats.waited_s += ctx.waited_s
-                stats.finish_reasons.append(gen.finish_reason)
-                if gen.finish_reason == "cancelled":
-                    break
-            if cancel.is_set() and "cancelled" not in stats.finish_reasons:
-                stats.finish_reasons.append("cancelled")
-
-        try:
-            yield from chunks(frames(), chunker, stats, waiting=lambda: current[0].waiting())
-        finally:
-            feed.cancel()  # stops the reader thread (if any) after its piece in flight
-            _release(chunker.vocoder)
-
-    def _decode(self, codes: np.ndarray, prime, options) -> Iterator[AudioChunk]:
-        chunker = Chunker(self._vocoder(prime), options.first_chunk_frames, options.chunk_frames)
-        try:
-            yield from chunks(iter(codes), chunker, StreamStats())
-        finally:
-            _release(chunker.vocoder)
+        slot = AlignerSlot(spec, plan)
+        return lambda: slot
+    return lambda: _found_slot(plan)
 
 
-def _release(vocoder) -> None:
-    """Give a batched vocoder stream's place back (plain streams have no ``close``)."""
-    close = getattr(vocoder, "close", None)
-    if close is not None:
-        close()
+def _found_slot(plan):
+    from .align.runtime import AlignerSlot
+
+    return AlignerSlot(None, plan)
+
+
+def _vocoder_batcher(vocoder, max_batch: int):
+    from .backends.vocoder_batch import VocoderBatcher
+
+    return VocoderBatcher(vocoder, max_batch)

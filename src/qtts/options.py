@@ -159,6 +159,10 @@ class SynthesisOptions:
     # stream_text: talker KV slots (frames) of one context; a longer text goes on in a new context
     # from a sentence end (1024 frames = 82 s of audio, ~235 MB of fp32 KV on the 0.6B talker).
     context_frames: int = 1024
+    # Word timings on the chunks (AudioChunk.words): each text piece is aligned by the forced
+    # aligner on its own worker after its audio is out (qtts.align.timing); without an aligner
+    # checkpoint every piece gets its exact time span instead (unit "piece"). Audio is unchanged.
+    timestamps: bool = False
     # Cross-thread cancellation: an object with is_set() (threading.Event); checked before
     # every frame, so a server can stop a generation within one frame of a disconnect.
     cancel: Any = field(default=None, compare=False)

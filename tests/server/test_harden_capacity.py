@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 import qtts
+from qtts.engine.synth import Synthesis
 from qtts.server import worker
 from qtts.server.metrics import ServerMetrics
 from qtts.server.worker import Scheduler
@@ -39,20 +40,22 @@ def gate():
     return g
 
 
-class ShortContexts(qtts.TTS):
+class ShortContexts(Synthesis):
     """Random weights seldom emit EOS, so a talker context whose text ended would go on to its
     budget (40 + 8 per text token frames); here every context stops after CONTEXT_FRAMES, as a
     real model stops soon after its text (the next text goes on in a new context)."""
 
-    def _loop_params(self, max_frames, options, index, cancel=None):
-        lp = super()._loop_params(max_frames, options, index, cancel)
+    def loop_params(self, max_frames, options, index, cancel=None):
+        lp = super().loop_params(max_frames, options, index, cancel)
         return dataclasses.replace(lp, max_frames=min(lp.max_frames, CONTEXT_FRAMES))
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_snapshot, gate):
     tts = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
-    return ShortContexts(dataclasses.replace(tts.components, backend=GatedBackend(tts.components.backend, gate)))
+    out = qtts.TTS(dataclasses.replace(tts.components, backend=GatedBackend(tts.components.backend, gate)))
+    out.synth = ShortContexts(out.components)
+    return out
 
 
 @pytest.fixture()

@@ -95,11 +95,21 @@ def words_from_times(words: list[str], times_ms) -> list[AlignedWord]:
             for i, w in enumerate(words)]  # fmt: skip
 
 
-class ForcedAligner:
-    """A loaded aligner snapshot: config, tokenizer and torch model."""
+def graph_feeds(input_ids, mel, cfg) -> dict:
+    """Numpy feeds of the exported aligner graph for a prompt ``input_ids [1, T]`` and a log-mel
+    ``[n_mels, frames]``: ``input_ids``, ``chunks`` and ``keep`` (:func:`qtts.model.aligner_audio.chunk_mel`)."""
+    from ..model.aligner_audio import chunk_mel
 
-    def __init__(self, config: AlignerConfig, tokenizer, model):
-        self.config, self.tokenizer, self.model = config, tokenizer, model
+    chunks, keep = chunk_mel(mel.float(), cfg.audio.chunk_frames)
+    return {"input_ids": input_ids.numpy().astype(np.int64), "chunks": chunks.numpy(), "keep": keep.numpy()}
+
+
+class ForcedAligner:
+    """A loaded aligner snapshot: config, tokenizer and model (the torch module, or an ONNX graph behind
+    the same call: :class:`qtts.align.runtime.OnnxAlignerModel`); ``runtime`` names which."""
+
+    def __init__(self, config: AlignerConfig, tokenizer, model, runtime: str = "torch"):
+        self.config, self.tokenizer, self.model, self.runtime = config, tokenizer, model, runtime
         for name, want in ((AUDIO_PAD, config.audio_token_id), (TIMESTAMP, config.timestamp_token_id)):
             got = tokenizer.token_to_id(name)
             if got != want:

@@ -49,6 +49,9 @@ class AudioChunk:
     #: the codec frames this chunk's audio was decoded from, ``[num_frames, 16]`` int64 (None when
     #: the producer does not say); concatenated over a stream they are all generated frames in order
     codes: np.ndarray | None = None
+    #: word timings finished since the previous chunk (``TTS.stream(..., timestamps=True)``):
+    #: :class:`qtts.align.timing.WordTiming`, seconds from the start of the stream; empty otherwise
+    words: list = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -70,6 +73,8 @@ class Audio:
     info: dict = field(default_factory=dict)
     #: the codec frames it was decoded from, ``[frames, 16]`` int64 (:meth:`qtts.TTS.decode` takes them back)
     codes: np.ndarray | None = None
+    #: every word timing of the stream (``timestamps=True``), in order; empty otherwise
+    words: list = field(default_factory=list)
 
     @property
     def duration(self) -> float:

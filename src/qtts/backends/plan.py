@@ -30,6 +30,9 @@ from typing import Any
 from ..errors import InputError
 
 COMPONENTS = ("talker", "predictor", "vocoder", "speaker_encoder", "speech_encoder")
+#: what a plan may name besides the TTS components: the forced aligner of word timestamps
+#: (impl torch or onnx; its snapshot is a separate checkpoint, qtts.align.runtime)
+PLAN_KEYS = COMPONENTS + ("aligner",)
 #: names older qtts versions wrote (plan keys, manifest keys) -> today's name
 LEGACY_NAMES = {"code_predictor": "predictor", "speech_decoder": "vocoder"}
 IMPLS = ("torch", "onnx", "rknn", "qnn", "executorch")
@@ -69,8 +72,8 @@ class Plan:
 
     def get(self, name: str) -> ComponentSpec:
         """The entry for ``name``; a torch entry when the plan does not name it."""
-        if name not in COMPONENTS:
-            raise InputError(f"unknown component '{name}'; known: {', '.join(COMPONENTS)}")
+        if name not in PLAN_KEYS:
+            raise InputError(f"unknown component '{name}'; known: {', '.join(PLAN_KEYS)}")
         return self.components.get(name) or ComponentSpec(name)
 
     def impl(self, name: str) -> str:
@@ -95,7 +98,7 @@ def _entry(name: str, data: Any, base_dir: str, where: str) -> ComponentSpec:
         isinstance(k, str) and isinstance(v, str) for k, v in arts.items()
     ):
         raise InputError(f"{w}: 'artifacts' must map names to file paths (strings)")
-    if impl != "torch" and "main" not in arts:
+    if impl != "torch" and "main" not in arts and name != "aligner":  # an aligner graph may come from the cache
         raise InputError(f"{w}: impl '{impl}' needs artifacts.main (the compiled file)")
     resolved = {}
     for key, path in arts.items():
@@ -120,9 +123,9 @@ def parse_plan(data: Any, base_dir: str = ".", where: str = "plan") -> Plan:
     if version != PLAN_VERSION:
         raise InputError(f"{where}: unsupported plan version {version!r}; this qtts reads version {PLAN_VERSION}")
     entries = renamed({k: v for k, v in data.items() if k != "version"}, where)
-    unknown = sorted(set(entries) - set(COMPONENTS))
+    unknown = sorted(set(entries) - set(PLAN_KEYS))
     if unknown:
-        raise InputError(f"{where}: unknown component '{unknown[0]}'; known: {', '.join(COMPONENTS)}")
+        raise InputError(f"{where}: unknown component '{unknown[0]}'; known: {', '.join(PLAN_KEYS)}")
     comps = {name: _entry(name, entry, base_dir, where) for name, entry in entries.items()}
     return Plan(MappingProxyType(comps))
 

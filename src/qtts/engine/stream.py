@@ -35,6 +35,13 @@ from .generate import AnyCancel
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class PieceEnd:
+    """A mark in a frame stream: the text piece ``text`` ends here (word timestamps align by piece)."""
+
+    text: str
+
+
 @dataclasses.dataclass
 class StreamStats:
     """One stream's running record; :meth:`stamp` writes it into every chunk's ``info``."""
@@ -50,6 +57,8 @@ class StreamStats:
     feed: Any = None
     waited_s: float = 0.0
     text_to_audio_s: float | None = None
+    #: (frame count, text) at the end of every text piece, from the :class:`PieceEnd` marks in the frames
+    piece_ends: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     def stamp(self, chunk: AudioChunk, final: bool = False) -> AudioChunk:
         now = time.perf_counter() - self.t0
@@ -83,6 +92,9 @@ def chunks(frames: Iterator[np.ndarray], chunker: Chunker, stats: StreamStats,
     """
     try:
         for codes in frames:
+            if isinstance(codes, PieceEnd):
+                stats.piece_ends.append((stats.frames, codes.text))
+                continue
             stats.frames += 1
             chunk = chunker.push(codes)
             if chunk is None and waiting is not None and waiting():
@@ -126,7 +138,9 @@ def collect(chunks) -> Audio:
     last = chunks[-1]
     samples = np.concatenate([c.samples for c in chunks]).astype(np.float32)
     codes = np.concatenate([c.codes for c in chunks])
-    return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info), codes=codes)
+    words = [w for c in chunks for w in c.words]
+    return Audio(samples, SAMPLE_RATE, finish_reason=last.finish_reason, info=dict(last.info), codes=codes,
+                 words=words)  # fmt: skip
 
 
 def chunk_frames_at(index: int, first: int, size: int) -> int:
@@ -234,8 +248,10 @@ def _work(start, cancel, items: queue.Queue, gate: tuple) -> None:
     outcome: tuple = (_DONE, None)
     hold_after, event = gate
     try:
-        for count, item in enumerate(start(cancel), 1):
+        count = 0
+        for item in start(cancel):
             items.put((_ITEM, item))
+            count += not isinstance(item, PieceEnd)  # the hold counts frames
             if event is not None and count == hold_after:
                 event.wait()  # set by the caller (or by closing the pipeline)
     except Exception as exc:  # re-raised on the caller's thread by run_ahead

@@ -15,9 +15,10 @@ the convs, the token embedding table and attention stay fp32.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
-import numpy as np
-
+from ..align.aligner import graph_feeds as graph_inputs
 from ..errors import InputError, require
 from .quantize import (
     ACCURACY_LEVEL,
@@ -31,14 +32,6 @@ from .quantize import (
 log = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "chunks", "keep")
-
-
-def graph_inputs(input_ids, mel, cfg) -> dict:
-    """Numpy feeds of the aligner graph for a prompt ``input_ids [1, T]`` and a log-mel ``[n_mels, frames]``."""
-    from ..model.aligner_audio import chunk_mel
-
-    chunks, keep = chunk_mel(mel.float(), cfg.audio.chunk_frames)
-    return {"input_ids": input_ids.numpy().astype(np.int64), "chunks": chunks.numpy(), "keep": keep.numpy()}
 
 
 def export_aligner(model, path: str, seconds: float = 2.5, words: int = 6) -> dict:
@@ -110,3 +103,21 @@ def quantize_aligner(path: str, bits: int = 8, block_size: int = DEFAULT_BLOCK_S
     log.info("%s: %d MatMul -> MatMulNBits (int%d, block %d)", path, count, bits, block_size)
     return {"precision": f"int{bits}", "bits": bits, "block_size": block_size, "symmetric": True,
             "accuracy_level": accuracy_level, "quantized_matmuls": count}  # fmt: skip
+
+
+def build(snapshot: str, folder: str, precision: str) -> str:
+    """``folder/aligner.onnx`` of an aligner snapshot, fp32 or int8 (what :mod:`qtts.align.runtime` caches)."""
+    from ..model.aligner import load_aligner
+
+    if precision not in ("fp32", "int8"):
+        raise InputError(f"aligner precision '{precision}': use fp32 or int8")
+    graph = os.path.join(folder, "aligner.onnx")
+    export_aligner(load_aligner(snapshot, "float32"), graph)
+    if precision == "int8":
+        quantize_aligner(graph, bits=8)  # rewrites aligner.onnx(.data) in place
+    return graph
+
+
+if __name__ == "__main__":  # python -m qtts.export.aligner SNAPSHOT FOLDER PRECISION (the aligner cache's child)
+    logging.basicConfig(level=logging.WARNING)
+    build(*sys.argv[1:4])

@@ -11,7 +11,6 @@ instead of slowing every listener below real time.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -35,12 +34,9 @@ def _probe_tts(tts):
     """A TTS over the same parts whose streams run exactly their max_frames (EOS blocked)."""
     from ..api import TTS
 
-    class Probe(TTS):
-        def _loop_params(self, max_frames, options, index, cancel=None):
-            lp = super()._loop_params(max_frames, options, index, cancel)
-            return dataclasses.replace(lp, min_frames=lp.max_frames, watchdog=None)
-
-    return Probe(tts.components, max_batch=tts.max_batch)
+    probe = TTS(tts.components, max_batch=tts.max_batch)
+    probe.synth.exact_frames = True
+    return probe
 
 
 def _voice(tts) -> dict:

@@ -208,6 +208,12 @@ class LiveContext:
                      finish_reason)
             self._restart(self._word_start(offset))
 
+    def spoken_text(self) -> str:
+        """After :meth:`end`: the text this context spoke (up to where the next context starts)."""
+        with self.feed.cond:
+            tokens = self.feed.tokens
+            return tokens.text[self.start : max(self.start, tokens.run_start)].strip()
+
     # -- internals (call with the lock held) ---------------------------------------------------
     def _ids(self) -> list[int]:
         return self.body if self.body is not None else self.feed.tokens.ids

@@ -18,7 +18,6 @@ used by other processes) is sampled around every round. K engines that would not
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -51,12 +50,9 @@ def _bench_tts(parts):
     """A TTS whose generations run exactly their max_frames (EOS blocked, no watchdog)."""
     from ..api import TTS
 
-    class BenchTTS(TTS):
-        def _loop_params(self, max_frames, options, index, cancel=None):
-            lp = super()._loop_params(max_frames, options, index, cancel)
-            return dataclasses.replace(lp, min_frames=lp.max_frames, watchdog=None)
-
-    return BenchTTS(parts)
+    tts = TTS(parts)
+    tts.synth.exact_frames = True
+    return tts
 
 
 def _voice(tts) -> dict:

@@ -1,0 +1,199 @@
+"""Where the aligner comes from and what runs it: snapshot lookup, torch or ONNX (fp32 / int8), the worker.
+
+* :func:`find_aligner` names the snapshot: the one given (a folder or a hub id), else
+  ``$QTTS_ALIGNER``, else ``Qwen/Qwen3-ForcedAligner-0.6B`` when it is in the local Hugging Face
+  cache (never downloaded on its own); None when there is none (timestamps are then piece-level).
+* :func:`open_aligner` loads it on a runtime: ``"torch"`` (the fp32 reference), ``"onnx"`` (fp32
+  graph) or ``"onnx-int8"`` (``MatMulNBits`` weights). An ONNX graph is exported once per aligner
+  checkpoint into ``$QTTS_CACHE/aligner/`` (the plan cache) and reused.
+  The export runs in a child process, like a plan build (:mod:`qtts.backends.build`).
+* :class:`AlignerWorker` runs alignments on one thread of its own with few intra-op threads, so a
+  pass never runs inside the frame loop and leaves the generation its cores most of the time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..errors import InputError, require
+
+log = logging.getLogger(__name__)
+
+HUB_ID = "Qwen/Qwen3-ForcedAligner-0.6B"
+ENV_ALIGNER = "QTTS_ALIGNER"
+#: aligner runtimes: the torch reference, the fp32 ONNX graph, the int8-weight ONNX graph
+RUNTIMES = ("torch", "onnx", "onnx-int8")
+#: intra-op threads of an aligner pass (the generation keeps the other core)
+ALIGNER_THREADS = 1
+_BUILD_LOCK = threading.Lock()
+
+
+def find_aligner(spec: str | None = None) -> str | None:
+    """The aligner snapshot folder for ``spec`` (folder or hub id), ``$QTTS_ALIGNER``, or the official
+    aligner in the local Hugging Face cache; None when no aligner is given or cached."""
+    spec = spec or os.environ.get(ENV_ALIGNER) or None
+    if spec:
+        from ..weights import resolve_snapshot
+
+        path = resolve_snapshot(spec)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise InputError(f"{spec}: no config.json; pass a Qwen3-ForcedAligner snapshot folder "
+                             f"(hf download {HUB_ID} --local-dir DIR)")  # fmt: skip
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return snapshot_download(HUB_ID, local_files_only=True, cache_dir=os.environ.get("HF_HUB_CACHE") or None)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
+def plan_runtime(plan) -> tuple[str, str | None]:
+    """(runtime, graph file or None) of the aligner for a :class:`qtts.backends.plan.Plan`: its ``aligner``
+    entry (impl torch, or onnx with ``precision`` fp32/int8 and an optional ``artifacts.main``), else
+    what goes with its talker: torch beside torch, fp32 ONNX beside an fp32 ONNX talker (``faithful``),
+    int8 ONNX beside every other ONNX plan (the default)."""
+    spec = plan.components.get("aligner") if plan is not None else None
+    if spec is not None:
+        if spec.impl not in ("torch", "onnx"):
+            raise InputError(f"the plan's aligner entry has impl '{spec.impl}'; the aligner runs on torch or onnx")
+        if spec.impl == "torch":
+            return "torch", None
+        return ("onnx" if spec.precision == "fp32" else "onnx-int8"), spec.artifact("main")
+    talker = plan.get("talker") if plan is not None else None
+    if talker is None or talker.impl == "torch":
+        return "torch", None
+    return ("onnx" if talker.precision == "fp32" else "onnx-int8"), None
+
+
+class OnnxAlignerModel:
+    """The exported aligner graph behind the torch model's call: ``(input_ids [1, T], mel) -> logits``."""
+
+    def __init__(self, path: str, config, threads: int = ALIGNER_THREADS):
+        from ..backends.onnx import open_session
+
+        self.path, self.config = path, config
+        self.session = open_session(path, threads)
+
+    def __call__(self, input_ids, mel):
+        import torch
+
+        from .aligner import graph_feeds
+
+        return torch.from_numpy(self.session.run(None, graph_feeds(input_ids, mel, self.config))[0])
+
+
+def aligner_graph(snapshot: str, precision: str, root: str | None = None) -> str:
+    """The cached ONNX graph of ``snapshot`` (``precision`` fp32 or int8), exported on first use."""
+    from ..backends.bundle import fingerprint
+    from ..backends.cache import cache_root
+
+    folder = os.path.join(root or cache_root(), "aligner", f"{fingerprint(snapshot)}-{precision}")
+    path = os.path.join(folder, "aligner.onnx")
+    with _BUILD_LOCK:
+        if os.path.isfile(path):
+            return path
+        log.info("building the %s ONNX aligner of %s in %s (once per aligner checkpoint)", precision, snapshot,
+                 folder)  # fmt: skip
+        _export(snapshot, precision, folder)
+    return path
+
+
+def _export(snapshot: str, precision: str, folder: str) -> None:
+    """Export in a child process (``python -m qtts.export.aligner``: this process never imports the
+    exporter or needs its memory) into a temporary folder beside ``folder``, then rename it."""
+    from ..backends.cache import export_missing
+    from ..errors import QttsError
+
+    missing = export_missing()
+    if missing:
+        raise InputError(f"building the ONNX aligner needs {missing}: install the export extra "
+                         '(pip install -e ".[export]"), or use the torch aligner (a plan entry "aligner": '
+                         '{"impl": "torch"}, or --plan torch)')  # fmt: skip
+    tmp = folder + f".part-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        cmd = [sys.executable, "-m", "qtts.export.aligner", snapshot, tmp, precision]
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            raise QttsError(f"building the {precision} ONNX aligner of {snapshot} failed: {tail[0]}")
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def open_aligner(snapshot: str, runtime: str = "onnx-int8", graph: str | None = None,
+                 threads: int = ALIGNER_THREADS):  # fmt: skip
+    """A :class:`qtts.align.ForcedAligner` of ``snapshot`` on ``runtime`` (:data:`RUNTIMES`); ``graph``: an
+    exported aligner graph to run instead of the cached one."""
+    from ..model.aligner_config import AlignerConfig
+    from ..text.tokenizer import TextTokenizer
+    from .aligner import ForcedAligner
+
+    if runtime not in RUNTIMES:
+        raise InputError(f"unknown aligner runtime '{runtime}'; use one of {', '.join(RUNTIMES)}")
+    if runtime == "torch":
+        require("torch", "torch", "the torch aligner")
+        return ForcedAligner.from_dir(snapshot)
+    config = AlignerConfig.from_dir(snapshot)
+    path = graph or aligner_graph(snapshot, "int8" if runtime == "onnx-int8" else "fp32")
+    return ForcedAligner(config, TextTokenizer.from_dir(snapshot), OnnxAlignerModel(path, config, threads),
+                         runtime=runtime)  # fmt: skip
+
+
+class AlignerWorker:
+    """One aligner and the thread its passes run on (``submit(fn, *args)`` -> Future)."""
+
+    def __init__(self, aligner):
+        self.aligner = aligner
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qtts-aligner")
+
+    @property
+    def runtime(self) -> str:
+        return self.aligner.runtime
+
+    def submit(self, fn, *args) -> Future:
+        return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class AlignerSlot:
+    """A TTS's aligner: the snapshot found at once (a bad explicit one is an error at load), the model
+    loaded on first use (:meth:`get`) on the runtime that goes with the TTS plan."""
+
+    def __init__(self, spec: str | None, plan=None):
+        self.plan = plan
+        self.path = find_aligner(spec)
+        self._worker: AlignerWorker | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> AlignerWorker | None:
+        """The loaded aligner's worker, or None without an aligner snapshot."""
+        if self.path is None:
+            return None
+        with self._lock:
+            if self._worker is None:
+                runtime, graph = plan_runtime(self.plan)
+                log.info("loading the forced aligner %s (%s)", self.path, runtime)
+                self._worker = AlignerWorker(open_aligner(self.path, runtime, graph))
+            return self._worker
+
+    def close(self) -> None:
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
