@@ -152,14 +152,27 @@ def export_missing() -> str | None:
 
 
 def _default(snapshot: str, no_build, listeners):
-    """The default preset's bundle; without the export extra and no bundle: torch, said once."""
-    if find_bundle(snapshot, DEFAULT_PRESET) is None and export_missing() and _has_torch():
-        missing = export_missing()
+    """The default preset's bundle. With torch installed and no bundle cached, the torch reference,
+    said in one warning, when the export extra is missing or the exporter refuses this checkpoint
+    (an explicit ``--plan fast`` fails instead: the caller asked for that plan)."""
+    if find_bundle(snapshot, DEFAULT_PRESET) is not None:
+        return bundle_plan(snapshot, DEFAULT_PRESET, no_build=no_build, listeners=listeners)
+    missing = export_missing()
+    if missing and _has_torch():
         log.warning("qtts: no cached '%s' plan for %s and %s is not installed to build it: running the "
                     "torch fp32 reference (slow); %s builds the fast plan once (--plan torch: no notice)",
                     DEFAULT_PRESET, snapshot, missing, INSTALL_EXPORT)
         return Plan()
-    return bundle_plan(snapshot, DEFAULT_PRESET, no_build=no_build, listeners=listeners)
+    if env_no_build() if no_build is None else no_build:
+        return bundle_plan(snapshot, DEFAULT_PRESET, no_build=True)  # the error naming qtts cache build
+    try:
+        return build(snapshot, DEFAULT_PRESET, listeners)
+    except InputError as exc:  # the exporter refuses this checkpoint (torch is there: export_missing is None)
+        if missing:
+            raise
+        log.warning("qtts: the '%s' plan cannot be built for %s (%s): running the torch fp32 reference "
+                    "(slow); --plan torch skips this attempt", DEFAULT_PRESET, snapshot, exc)
+        return Plan()
 
 
 def _has_torch() -> bool:
