@@ -21,7 +21,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
 #: speaking-rate bounds (OpenAI's ``speed`` range; qtts.audio.stretch time-stretches the audio)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-#: SynthesisOptions.pipeline default (docs/performance.md has the A/B behind it)
+#: SynthesisOptions.pipeline default (docs/history/performance.md has the A/B behind it)
 PIPELINE_DEFAULT = True
 
 

@@ -148,7 +148,7 @@ def chunk_frames_at(index: int, first: int, size: int) -> int:
 
     1, 2, 4, 8, 8, ... for the defaults: a 1-frame first chunk keeps time to first audio low, the
     doubling builds the listener's buffer, and later chunks are as cheap per frame as the vocoder
-    gets (docs/performance.md). It depends on the chunk count only, never on timing.
+    gets (docs/history/performance.md). It depends on the chunk count only, never on timing.
     """
     if index == 0:
         return first

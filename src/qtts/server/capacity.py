@@ -94,7 +94,7 @@ def measure_capacity(tts, opts: ProbeOptions | None = None) -> int:
                 if k == 1:
                     log.warning("capacity probe: even one stream runs at RTF %.2f here (> %.2f): every listener "
                                 "will wait for audio; serving one stream at a time. A faster CPU, a smaller "
-                                "checkpoint or --plan fastest changes that (docs/server.md, Capacity)",
+                                "checkpoint or --plan fastest changes that (docs/operations.md, Capacity)",
                                 worst, opts.rtf_limit)  # fmt: skip
                 break
             held = k
