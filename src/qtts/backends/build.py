@@ -77,7 +77,7 @@ class BuildProgress:
         self._done, self._name, self._since = 0.0, "starting", self.t0
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="qtts-build-progress", daemon=True)
-        log.warning("qtts: building %s (once; about %s expected)", what, _duration(self.expected_s))
+        log.info("qtts: building %s (once; about %s expected)", what, _duration(self.expected_s))
         self._ticker.start()
 
     def phase(self, name: str) -> None:
@@ -88,7 +88,7 @@ class BuildProgress:
                 self._done += shares[self._name]
             self._name, self._since = name, time.monotonic()
         if not self.tty:
-            log.warning("qtts: building %s: %d %% (%s), %s elapsed", self.what, self.percent, name,
+            log.info("qtts: building %s: %d %% (%s), %s elapsed", self.what, self.percent, name,
                         _duration(time.monotonic() - self.t0))
 
     @property
@@ -114,7 +114,7 @@ class BuildProgress:
         for listener in self.listeners:
             listener(100 if ok else self.percent, "done" if ok else "failed")
         if ok:
-            log.warning("qtts: built %s in %s", self.what, took)
+            log.info("qtts: built %s in %s", self.what, took)
 
     def _tick(self) -> None:
         while not self._stop.wait(_TICK_S):

@@ -185,10 +185,38 @@ class StderrHandler(logging.StreamHandler):
         pass
 
 
-def add_stderr_handler(logger: logging.Logger, fmt: str) -> None:
+def add_stderr_handler(logger: logging.Logger, fmt: str, formatter=logging.Formatter) -> None:
     """Give ``logger`` one :class:`StderrHandler` (calling it again, as a second ``run`` in one
     process does, adds no duplicate)."""
     if not any(isinstance(h, StderrHandler) for h in logger.handlers):
         handler = StderrHandler()
-        handler.setFormatter(logging.Formatter(fmt))
+        handler.setFormatter(formatter(fmt))
         logger.addHandler(handler)
+
+
+#: library loggers whose INFO records are progress a user waits on (a plan build: "building the 'fast'
+#: plan", its phases, "built"): the CLI shows them at its default verbosity, as plain lines
+PROGRESS_LOGGERS = ("qtts.backends.build",)
+
+
+class CliFormatter(logging.Formatter):
+    """``LEVEL logger: message``; a progress record (INFO from :data:`PROGRESS_LOGGERS`) as its message alone."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and record.name in PROGRESS_LOGGERS:
+            return record.getMessage()
+        return super().format(record)
+
+
+def setup_logging(verbose: int) -> None:
+    """The CLI's logging on stderr: warnings (-v: info, -vv: debug) and the progress of a plan build.
+    Like ``logging.basicConfig``, it does nothing when the root logger has handlers (an embedding
+    app's own set-up wins)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    level = logging.WARNING - 10 * min(verbose, 2)
+    root.setLevel(level)
+    add_stderr_handler(root, "%(levelname)s %(name)s: %(message)s", CliFormatter)
+    for name in PROGRESS_LOGGERS:
+        logging.getLogger(name).setLevel(min(level, logging.INFO))

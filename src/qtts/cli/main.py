@@ -17,13 +17,13 @@ from ..errors import InputError, MissingDependencyError, QttsError, missing_modu
 from .cache import register as register_cache
 from .common import (
     Parser,
-    add_stderr_handler,
     check_audio,
     check_folder,
     cli_words,
     command,
     hidden_alias,
     number,
+    setup_logging,
 )
 from .export import register as register_export
 from .kernels import register as register_kernels
@@ -96,11 +96,7 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    root = logging.getLogger()
-    if not root.handlers:  # as logging.basicConfig: an embedding app's own setup wins
-        root.setLevel(level)
-        add_stderr_handler(root, "%(levelname)s %(name)s: %(message)s")
+    setup_logging(args.verbose)
     if not hasattr(args, "_run"):  # `qtts` or `qtts export` alone
         getattr(args, "_group", parser).print_help(sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from .common import add_model, cli_plan, command, number
 
@@ -110,7 +111,7 @@ def run(args) -> int:
 
     check_port_free(args.uri)
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
-    log.warning("qtts: model %s loaded, plan %s", args.model, plan_label(tts.components.plan))
+    print(f"qtts: model {args.model} loaded, plan {plan_label(tts.components.plan)}", file=sys.stderr, flush=True)
     service = WyomingService(tts, settings)
     voices = service.catalog.voice_names()
     if not args.uri.startswith("stdio"):  # stdout carries the protocol on stdio://
