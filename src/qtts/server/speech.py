@@ -176,6 +176,7 @@ def _produce(plan: SpeechPlan, metrics):
         writer = open_format(plan.fmt)
         pending = writer.start()  # the header leaves with the first audio, after input validation
         frames, t_start = 0, time.perf_counter()
+        stats["input_tokens"] = _input_tokens(engine, plan.text)
         stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
                                language=plan.language, options=_with_cancel(plan.options, cancel))
         try:
@@ -219,6 +220,12 @@ def _with_cancel(options, cancel):
     return options
 
 
+def _input_tokens(engine, text: str) -> int:
+    """OpenAI's ``usage.input_tokens``: the input's text tokens (an engine with no tokenizer, a test fake: 0)."""
+    tokenizer = getattr(getattr(engine, "components", None), "tokenizer", None)
+    return len(tokenizer.encode(text)) if tokenizer is not None else 0
+
+
 def _record(stats: dict, metrics) -> None:
     audio_s = stats.get("audio_s", 0.0)
     metrics.audio_seconds.inc(audio_s)
@@ -258,8 +265,8 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
                 s = plan.stats
                 yield _sse({"type": "speech.audio.done", "finish_reason": s.get("finish_reason"),
                             "audio_seconds": round(s.get("audio_s", 0.0), 3),
-                            "usage": {"input_tokens": 0, "output_tokens": s.get("frames", 0),
-                                      "total_tokens": s.get("frames", 0)}})
+                            "usage": {"input_tokens": s.get("input_tokens", 0), "output_tokens": s.get("frames", 0),
+                                      "total_tokens": s.get("input_tokens", 0) + s.get("frames", 0)}})
             return
         else:
             err = _engine_error(value)

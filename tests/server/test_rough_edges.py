@@ -1,0 +1,33 @@
+"""Rough edges a new user met in the HTTP server (issue 37): SSE usage, error messages, /docs."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import qtts
+from support.server_util import start_server
+
+
+@pytest.fixture(scope="module")
+def cv(tiny_snapshot):
+    """A CustomVoice server on the real tiny engine."""
+    engine = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1)
+    srv, app = start_server(engine, max_frames=16, chunk_frames=4)
+    srv.engine, srv.app = engine, app
+    yield srv
+    srv.stop()
+
+
+def test_sse_done_counts_the_input_tokens(cv):
+    text = "Count these tokens, please."
+    body = {"model": "qtts", "input": text, "voice": "vivian", "max_frames": 4, "stream_format": "sse",
+            "response_format": "pcm"}  # fmt: skip
+    r = httpx.post(cv.url + "/v1/audio/speech", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    done = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")][-1]
+    expected = len(cv.engine.components.tokenizer.encode(text))
+    assert expected > 0 and done["type"] == "speech.audio.done"
+    assert done["usage"] == {"input_tokens": expected, "output_tokens": 4, "total_tokens": expected + 4}
