@@ -48,6 +48,12 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the format "
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     p.add_argument("--codes-out", metavar="FILE", help=CODES_HELP)
+    t = p.add_argument_group("word timestamps (docs/timestamps.md)")
+    t.add_argument("--subtitles", metavar="FILE", help="also write subtitles of the speech: .srt or .vtt")
+    t.add_argument("--words-json", metavar="FILE", help="also write every word's start and end (seconds) as JSON")
+    t.add_argument("--aligner", metavar="DIR|HUB_ID", help="the Qwen3-ForcedAligner-0.6B snapshot that times the "
+                   "words (default: $QTTS_ALIGNER, else the official one in the Hugging Face cache; without "
+                   "one, each text piece is timed as a whole)")
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # old flag: output always streams
     p.add_argument("--live", action="store_true", help="speak the text while it is still arriving (e.g. "
                    "-f - piped from an LLM): read incrementally, one talker context across sentences")
@@ -198,26 +204,56 @@ def run_say(args) -> int:
     fmt = check_audio(args.output)
     if args.codes_out:
         check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
+    timed = check_timestamp_files(args)
     options = build_options(args)
-    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
+    tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads, aligner=args.aligner)
     voice = resolve_voice(tts, args)
     speak = tts.stream_text if args.live else tts.stream
     chunks = speak(text, voice=voice, speaker=args.speaker, instruct=args.instruct, language=args.language,
-                   options=options)
+                   options=options, timestamps=timed or None)
     progress = Progress(args.quiet)
     frames = [] if args.codes_out else None
-    last = write_chunks(chunks, args.output, fmt, progress, frames)
+    words: list = []
+    last = write_chunks(chunks, args.output, fmt, progress, frames, words)
     if args.codes_out:
         prime = voice.ref_codes if voice is not None and voice.icl else None  # what stream() primed with
         write_codes(args.codes_out, frames, prime, tts.codec, args.quiet)
+    if timed:
+        write_timestamps(args, words, None if args.live else tts.synth.pieces(text, options))
     progress.summary(last, plan_short(tts.components.plan))
     return 0
 
 
-def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = None):
+def check_timestamp_files(args) -> bool:
+    """Check --subtitles / --words-json before the model loads; True when either is given."""
+    from ..align.subtitles import subtitle_format
+
+    if args.subtitles:
+        subtitle_format(args.subtitles)
+        check_file(args.subtitles, "--subtitles", force=args.force)
+    if args.words_json:
+        check_file(args.words_json, "--words-json", suffixes=(".json",), force=args.force)
+    return bool(args.subtitles or args.words_json)
+
+
+def write_timestamps(args, words: list, pieces: list[str] | None) -> None:
+    """--subtitles and --words-json from the stream's word timings (``pieces``: the text pieces, for cue text)."""
+    from ..align.subtitles import words_json, write_subtitles, write_text
+
+    unit = "word" if words and all(w.unit == "word" for w in words) else "piece"
+    if unit == "piece" and not args.quiet:
+        print("qtts: no forced aligner (--aligner, $QTTS_ALIGNER): the timestamps time each text piece as a whole",
+              file=sys.stderr)  # fmt: skip
+    if args.subtitles:
+        write_subtitles(args.subtitles, words, dict(enumerate(pieces)) if pieces else None)
+    if args.words_json:
+        write_text(args.words_json, words_json(words, unit))
+
+
+def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = None, words: list | None = None):
     """Write the stream as it comes to ``output`` ('-' = PCM on stdout); returns the final chunk.
 
-    ``frames``: a list that gets each chunk's codec frames, in order."""
+    ``frames``: a list that gets each chunk's codec frames, in order; ``words``: one that gets its word timings."""
     from ..audio.chunk import AudioWriter, float_to_int16
 
     last = None
@@ -227,7 +263,7 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
                 sys.stdout.buffer.write(float_to_int16(last.samples).tobytes())
                 sys.stdout.buffer.flush()
                 progress.update(last)
-                _keep(frames, last)
+                _keep(frames, last, words)
         return last
     # closing(): a failed write (a full disk) stops the generation threads before the error leaves
     try:
@@ -235,7 +271,7 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
             for last in chunks:
                 w.write(last.samples)
                 progress.update(last)
-                _keep(frames, last)
+                _keep(frames, last, words)
     except OSError as exc:
         if exc.filename or exc.errno is None:
             raise
@@ -243,9 +279,11 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
     return last
 
 
-def _keep(frames: list | None, chunk) -> None:
+def _keep(frames: list | None, chunk, words: list | None = None) -> None:
     if frames is not None:
         frames.append(chunk.codes)
+    if words is not None:
+        words.extend(chunk.words)
 
 
 def write_codes(path: str, frames: list, prime, codec: str | None, quiet: bool) -> None:
