@@ -116,6 +116,14 @@ def preset_name(plan) -> str | None:
     return name if name in PRESETS and not os.path.exists(plan) else None
 
 
+def check_plan_name(plan) -> None:
+    """A ``plan`` string that is neither 'torch', a preset nor an existing path: an error naming the choices."""
+    if isinstance(plan, str) and plan != TORCH and preset_name(plan) is None and not os.path.exists(plan):
+        looks = "plan file not found" if plan.endswith(".json") or os.sep in plan else "no such preset or plan file"
+        raise InputError(f"plan={plan!r}: {looks}; use a preset ({', '.join(PRESETS)}), {TORCH!r} "
+                         "(the fp32 reference) or the path of an exported bundle's plan.json")
+
+
 def env_no_build() -> bool:
     return os.environ.get(ENV_NO_BUILD, "").strip().lower() not in ("", "0", "false", "no")
 
@@ -134,6 +142,7 @@ def resolve_plan(plan, snapshot: str, dtype: str = "float32", backend=None, no_b
         return Plan()
     name = preset_name(plan)
     if name is None:
+        check_plan_name(plan)
         return plan
     return bundle_plan(snapshot, name, no_build=no_build, listeners=listeners)
 

@@ -84,15 +84,23 @@ def run_build(args) -> int:
 def run_rm(args) -> int:
     from ..backends import snapshot_dir
     from ..backends.bundle import fingerprint
+    from ..backends.cache import PRESETS, preset_name
 
     if not (args.keys or args.model or args.plan or args.all):
         raise InputError("say what to remove: KEY (from qtts cache ls), -m MODEL, --plan PRESET or --all")
+    preset = preset_name(args.plan) if args.plan else None
+    if args.plan and preset is None:
+        raise InputError(f"--plan {args.plan}: not a preset; use one of {', '.join(PRESETS)}")
+    rows = entries()
+    unknown = sorted(set(args.keys) - {r["key"] for r in rows})
+    if unknown:
+        raise InputError(f"no cached plan named {', '.join(unknown)}; qtts cache ls lists the names")
     fp = fingerprint(snapshot_dir(args.model)) if args.model else None
     removed = 0
-    for r in entries():
+    for r in rows:
         chosen = args.all or (
             (not args.keys or r["key"] in args.keys) and (fp is None or r["fingerprint"] == fp)
-            and (args.plan is None or r["preset"] == args.plan)
+            and (preset is None or r["preset"] == preset)
         )  # fmt: skip
         if chosen:
             shutil.rmtree(r["path"])

@@ -88,11 +88,17 @@ def add_model(p, plan: bool = True, dtype: bool = True, threads: str | None = TH
         p.add_argument("--threads", type=number(lo=1), metavar="N", help=threads)
 
 
-def check_file(path: str, flag: str = "-o", suffixes: tuple = ()) -> None:
-    """Fail before any work when ``path`` cannot be written as a file."""
+FORCE_HELP = "replace output files that exist (without it, an existing output file is an error)"
+
+
+def check_file(path: str, flag: str = "-o", suffixes: tuple = (), force: bool | None = None) -> None:
+    """Fail before any work when ``path`` cannot be written as a file (``force=False``: or is an
+    existing regular file; a device such as /dev/null is written as before)."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise InputError(f"{flag} {path}: is a directory; give a file name inside it")
+    if force is False and os.path.isfile(path):
+        raise InputError(f"{flag} {path}: exists; choose another name or pass --force to replace it")
     if not os.path.isdir(folder):
         raise InputError(f"{flag} {path}: folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK):
@@ -114,8 +120,8 @@ def check_folder(path: str, flag: str = "-o", force: bool | None = None) -> None
         raise InputError(f"{flag} {path}: folder {parent} is not writable")
 
 
-def check_audio(path: str) -> str:
-    """Check an audio output path ('-' = raw PCM on stdout); returns the format."""
+def check_audio(path: str, force: bool | None = None) -> str:
+    """Check an audio output path ('-' = raw PCM on stdout; ``force``: as :func:`check_file`); returns the format."""
     from ..audio.chunk import format_from_path
 
     if path == "-":
@@ -123,7 +129,7 @@ def check_audio(path: str) -> str:
             raise InputError("-o -: raw PCM would go to the terminal; pipe it (qtts say ... -o - | "
                              "aplay -r 24000 -f S16_LE -c 1) or give a file name")
         return "pcm"
-    check_file(path)
+    check_file(path, force=force)
     try:
         return format_from_path(path)
     except InputError as exc:
@@ -132,7 +138,8 @@ def check_audio(path: str) -> str:
 
 _CLI_WORDS = (("0b6", "0.6b"), ("1b7", "1.7b"), ("speaker=<", "--speaker <"), ("instruct=...", "--instruct TEXT"),
               ("voice=<Voice or .voice file>", "--voice FILE.voice or --ref-audio CLIP [--ref-text TEXT]"),
-              ("instruct=<a description of the voice>", "--instruct TEXT (a description of the voice)"))
+              ("instruct=<a description of the voice>", "--instruct TEXT (a description of the voice)"),
+              ("plan='", "--plan '"))
 
 
 def cli_words(message: str) -> str:

@@ -12,6 +12,7 @@ import sys
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_TEMPERATURE, MIN_PENALTY, MIN_TEMPERATURE
 from .common import (
+    FORCE_HELP,
     Progress,
     add_model,
     check_audio,
@@ -48,6 +49,7 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the format "
                    "(.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
     p.add_argument("--codes-out", metavar="FILE", help=CODES_HELP)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     t = p.add_argument_group("word timestamps (docs/timestamps.md)")
     t.add_argument("--subtitles", metavar="FILE", help="also write subtitles of the speech: .srt or .vtt")
     t.add_argument("--words-json", metavar="FILE", help="also write every word's start and end (seconds) as JSON")
@@ -73,7 +75,7 @@ def register(sub) -> None:
     v.add_argument("--name", default="", help="a name stored in the file")
     v.add_argument("--trailing-silence", type=number(float, 0, 5), default=0.5, help=SILENCE_HELP)
     v.add_argument("-o", "--output", required=True, help="output .voice file (an existing one is kept unless --force)")
-    v.add_argument("--force", action="store_true", help="replace the -o file if it exists")
+    v.add_argument("--force", action="store_true", help=FORCE_HELP)
     show = command(voice_sub, "show", run_voice_show, "show what a .voice file holds")
     show.add_argument("voice", help="a .voice file")
 
@@ -201,9 +203,9 @@ def run_say(args) -> int:
         from ..text.prompt import clean_text
 
         clean_text(text, what="the text")  # empty, or over the 50,000-character limit: before the model loads
-    fmt = check_audio(args.output)
+    fmt = check_audio(args.output, force=args.force)
     if args.codes_out:
-        check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES)
+        check_file(args.codes_out, "--codes-out", suffixes=CODES_SUFFIXES, force=args.force)
     timed = check_timestamp_files(args)
     options = build_options(args)
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads, aligner=args.aligner)
@@ -308,6 +310,7 @@ def _register_decode(sub) -> None:
                    "vocoder with its reference codes, as say does (an .npz from say already holds them)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="output file; the extension picks the "
                    "format (.wav .flac .mp3 .opus .pcm); '-' = raw 16-bit 24 kHz mono PCM on stdout")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     _speed_argument(p)
     _chunk_arguments(p, "streaming (the sizes say used, default 1 and 8, give exactly its audio)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
@@ -318,7 +321,7 @@ def run_decode(args) -> int:
     from ..audio.codes import load_codes
     from ..options import SynthesisOptions
 
-    fmt = check_audio(args.output)
+    fmt = check_audio(args.output, force=args.force)
     codes, prime, codec = load_codes(args.codes)
     prime = decode_prime(args.codes, prime, args.voice)
     check_codec(args.codes, codec, args.model)
@@ -363,9 +366,7 @@ def decode_prime(codes_path: str, prime, voice_path: str | None):
 def run_voice_create(args) -> int:
     from ..api import load
 
-    check_file(args.output, suffixes=(".voice",))
-    if os.path.exists(args.output) and not args.force:
-        raise InputError(f"-o {args.output}: exists; choose another name or pass --force to replace it")
+    check_file(args.output, suffixes=(".voice",), force=args.force)
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)
     voice = tts.create_voice(args.ref_audio, ref_text=args.ref_text, name=args.name,
                              trailing_silence=args.trailing_silence)

@@ -239,7 +239,7 @@ def run(args) -> int:
     import importlib.util
     import threading
 
-    from ..backends.cache import TORCH, env_no_build, preset_name
+    from ..backends.cache import TORCH, check_plan_name, env_no_build, preset_name
     from ..errors import require
 
     require("fastapi", "serve", "qtts serve")
@@ -255,6 +255,7 @@ def run(args) -> int:
     _check_host(args.host)
     settings = _settings(args)
     check_model(args.model)
+    check_plan_name(args.plan)
     if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
         from ..backends.plan import load_plan
 
