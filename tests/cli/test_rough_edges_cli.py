@@ -45,3 +45,14 @@ def test_side_outputs_refuse_too(tiny_snapshot, tmp_path, capsys):
     codes.write_bytes(b"keep me")
     assert main(["say", "Hi.", "-m", snap, "-o", str(tmp_path / "new.wav"), "--codes-out", str(codes), *SAY]) == 2
     assert "--codes-out" in capsys.readouterr().err and codes.read_bytes() == b"keep me"
+
+
+def test_bench_compare_official_checks_the_package_before_benchmarking(tiny_snapshot, monkeypatch, capsys):
+    import sys
+
+    import qtts.tools.bench as bench
+
+    monkeypatch.setitem(sys.modules, "qwen_tts", None)  # "not installed": find_spec answers None
+    monkeypatch.setattr(bench, "bench_plan", lambda *a, **k: pytest.fail("benchmarked before the check"))
+    assert main(["bench", "-m", tiny_snapshot(kind="custom_voice"), "--plan", "torch", "--compare-official"]) == 2
+    assert "official package is needed" in capsys.readouterr().err

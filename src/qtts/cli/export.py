@@ -320,6 +320,10 @@ def run_bench(args) -> int:
         check_file(args.json, "--json")
     if args.concurrency:
         return _run_concurrency(args)
+    if args.compare_official:  # before minutes of benchmarking, not after
+        from ..tools.official import check_installed
+
+        check_installed()
     opts = BenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.pipeline]
     results = []

@@ -34,14 +34,24 @@ def _install_stubs() -> None:
         ta.compliance.kaldi = sys.modules["torchaudio.compliance.kaldi"]
 
 
+MISSING = ("the official package is needed (parity tests, --compare-official): pip install -e \".[reference]\" "
+           "&& pip install qwen-tts==0.1.1 --no-deps")
+
+
+def check_installed() -> None:
+    """Raise the install hint now, without importing it, when the official package or transformers is missing
+    (``qtts bench --compare-official`` checks before minutes of benchmarking)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(name) is None for name in ("qwen_tts", "transformers")):
+        raise MissingDependencyError(MISSING)
+
+
 def qwen_tts():
     """The imported official ``qwen_tts`` package (stubs installed first)."""
     _install_stubs()
     try:
         import qwen_tts as pkg
     except ImportError as exc:
-        raise MissingDependencyError(
-            "the official package is needed (parity tests, --compare-official): pip install -e \".[reference]\" "
-            "&& pip install qwen-tts==0.1.1 --no-deps"
-        ) from exc
+        raise MissingDependencyError(MISSING) from exc
     return pkg
