@@ -31,3 +31,31 @@ def test_sse_done_counts_the_input_tokens(cv):
     expected = len(cv.engine.components.tokenizer.encode(text))
     assert expected > 0 and done["type"] == "speech.audio.done"
     assert done["usage"] == {"input_tokens": expected, "output_tokens": 4, "total_tokens": expected + 4}
+
+
+def _speech(srv, **kw) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/audio/speech", timeout=120, **kw)
+
+
+@pytest.mark.parametrize("body,why", [
+    (b"[" * 5000 + b"]" * 5000, "nests arrays or objects too deeply"),
+    (b'{"input": "caf\xe9"}', "not UTF-8 text"),
+    (b'{"input": ', "is not valid JSON"),
+    (b"[1, 2]", "is an array, not a JSON object"),
+    (b"null", "is null, not a JSON object"),
+    (b"", "is empty"),
+])  # fmt: skip
+def test_body_errors_read_alike(cv, body, why):
+    r = _speech(cv, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    message = error["message"]
+    assert message.startswith("the request body ") and why in message, message
+    assert message.endswith("send a JSON object with Content-Type: application/json")
+    assert error["param"] is None
+
+
+def test_param_names_the_field_the_message_is_about(cv):
+    r = _speech(cv, json={"model": "qtts", "input": "Hi.", "voice": "vivian", "language": "klingon"})
+    assert r.status_code == 400 and "language" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "language"

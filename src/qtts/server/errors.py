@@ -97,6 +97,36 @@ def _loc_name(loc) -> str:
 _TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "constrained-str"}
 
 
+BODY_FIX = "send a JSON object with Content-Type: application/json"
+#: FastAPI's 400 detail when decoding the body raised something other than a JSON syntax error
+PARSE_FAILED = "There was an error parsing the body"
+
+
+def body_message(why: str) -> str:
+    """Every problem with the body as a whole reads the same: what is wrong, then the fix."""
+    return f"the request body {why}; {BODY_FIX}"
+
+
+def parse_failure(cause: BaseException | None) -> str:
+    """:data:`PARSE_FAILED` in words: why the body could not be decoded (FastAPI chains the cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return body_message(f"is not valid JSON (not UTF-8 text: byte {cause.start})")
+    if isinstance(cause, RecursionError):
+        return body_message("nests arrays or objects too deeply")
+    return body_message("is not valid JSON")
+
+
+def _whole_body(err: dict) -> str | None:
+    """The message of an error about the body as a whole (loc ``("body",)``), else None."""
+    if tuple(err.get("loc", ())) != ("body",):
+        return None
+    if err.get("type") == "missing":
+        return body_message("is empty")
+    value = err.get("input")
+    kind = {list: "an array", str: "a string", type(None): "null", bool: "a boolean"}.get(type(value), "a number")
+    return body_message(f"is {kind}, not a JSON object")
+
+
 def validation_message(errors) -> tuple[str, str | None]:
     """Turn pydantic/FastAPI errors into one readable sentence and the first offending field.
 
@@ -105,6 +135,9 @@ def validation_message(errors) -> tuple[str, str | None]:
     msgs, first, seen = [], None, set()
     for err in errors:
         kind = err.get("type", "")
+        whole = _whole_body(err)
+        if whole is not None:
+            return whole, None
         name = "" if kind == "json_invalid" else _loc_name(err.get("loc", ()))
         top = name.split(".")[0]
         if top in seen and kind != "extra_forbidden":
@@ -112,8 +145,9 @@ def validation_message(errors) -> tuple[str, str | None]:
         seen.add(top)
         first = first or name or None
         if kind == "json_invalid":
-            msgs.append("the request body is not valid JSON; send a JSON object with Content-Type: "
-                        "application/json")
+            why = (err.get("ctx") or {}).get("error")
+            msgs.append(body_message(f"is not valid JSON ({why} at character {err['loc'][-1]})" if why and
+                                     len(err.get("loc", ())) > 1 else "is not valid JSON"))
         elif kind == "extra_forbidden":
             msgs.append(f"unknown field '{name}'; remove it (see /openapi.json for the accepted fields)")
         elif kind == "missing":
@@ -151,6 +185,17 @@ def public_message(message: str, directory: str | None) -> str:
     return re.sub(pattern, "<voices>/...", message)
 
 
+#: words of a speech request's error message -> the field it is about (the first one named wins)
+_PARAM_WORDS = (("language", "language"), ("speaker", "voice"), ("voice", "voice"), ("instruct", "instructions"))
+
+
+def named_param(message: str) -> str | None:
+    """The speech request field an engine message names first (``unknown language 'xx'`` -> language),
+    for errors raised where the field was not known (the library's InputError); else None."""
+    found = [(message.find(word), param) for word, param in _PARAM_WORDS if word in message]
+    return min(found)[1] if found else None
+
+
 def _voices_dir(request: Request) -> str | None:
     state = getattr(request.app.state, "qtts", None)
     return getattr(getattr(state, "store", None), "directory", None)
@@ -160,7 +205,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         message = public_message(exc.message, _voices_dir(request))
-        return error_response(exc.status, message, exc.code, exc.param, exc.headers)
+        param = exc.param
+        if param is None and exc.status < 500 and request.url.path.startswith("/v1/audio/speech"):
+            param = named_param(message)
+        return error_response(exc.status, message, exc.code, param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -176,6 +224,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no such endpoint: {request.method} {path}{hint}; see /openapi.json"
         elif status == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
+        elif status == 400 and exc.detail == PARSE_FAILED:
+            message = parse_failure(exc.__cause__)
         else:
             message = str(exc.detail)
         return error_response(status, message, headers=getattr(exc, "headers", None))
