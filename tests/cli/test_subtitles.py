@@ -98,3 +98,29 @@ def test_cues_follow_pieces_and_length():
     assert [(c.start, c.end, c.text) for c in same] == [(0.5, 1.0, "a b")]  # no time of its own: joins the cue before
     cjk = cues([WordTiming("你", 0, 0.1, "word", 0), WordTiming("好", 0.1, 0.2, "word", 0)], {0: "你好！"})
     assert [c.text for c in cjk] == ["你好！"]
+
+
+def test_bench_timestamps_measures_the_aligner_and_both_streams(tiny_snapshot, aligner_dir, tmp_path, capsys):
+    out = tmp_path / "ts.json"
+    argv = ["bench", "-m", tiny_snapshot(kind="custom_voice"), "--plan", "torch", "--timestamps", "--aligner",
+            aligner_dir, "--frames", "16", "--repeats", "1", "--threads", "1", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())["timestamps"][0]
+    assert [r["runtime"] for r in result["aligner"]] == ["onnx", "onnx-int8"]
+    assert all(r["ms_per_audio_s"] > 0 for r in result["aligner"])
+    off, on = result["stream"]["off"], result["stream"]["on"]
+    assert off["words"] == 0 and on["words"] == len(split_words(" ".join(_bench_pieces()), "English"))
+    assert off["audio_s"] == on["audio_s"] > 0  # the same frames either way
+    assert "timestamps on" in capsys.readouterr().out
+
+
+def test_bench_timestamps_without_an_aligner_says_how_to_get_one(tiny_snapshot, capsys):
+    argv = ["bench", "-m", tiny_snapshot(kind="custom_voice"), "--plan", "torch", "--timestamps", "--frames", "8"]
+    assert main(argv) == 2
+    assert "needs a forced aligner: pass --aligner" in capsys.readouterr().err
+
+
+def _bench_pieces():
+    from qtts.tools.bench_timestamps import PIECE_CHARS, TEXT
+
+    return pack_sentences(TEXT, PIECE_CHARS)

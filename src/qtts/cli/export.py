@@ -299,6 +299,10 @@ def _bench_arguments(p) -> None:
                    help="concurrent streams per level (e.g. 1,2,4,8): one batched engine vs K engines, "
                    "aggregate audio s/s, per-stream RTF and TTFA p50/p95 (--frames per stream, --repeats rounds)")
     p.add_argument("--no-engines", action="store_true", help="with --concurrency: skip the K-engine rounds")
+    p.add_argument("--timestamps", action="store_true", help="word timestamps: the aligner pass per runtime (ms per "
+                   "second of audio, fp32 and int8 ONNX) and the stream with timestamps off and on (first audio, RTF)")
+    p.add_argument("--aligner", metavar="DIR|HUB_ID", help="with --timestamps: the forced aligner snapshot "
+                   "(default: $QTTS_ALIGNER, else the official one in the Hugging Face cache)")
 
 
 def _levels(text: str) -> tuple:
@@ -320,6 +324,8 @@ def run_bench(args) -> int:
         check_file(args.json, "--json")
     if args.concurrency:
         return _run_concurrency(args)
+    if args.timestamps:
+        return _run_timestamps(args)
     if args.compare_official:  # before minutes of benchmarking, not after
         from ..tools.official import check_installed
 
@@ -341,6 +347,23 @@ def run_bench(args) -> int:
         from ..backends.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
+    return 0
+
+
+def _run_timestamps(args) -> int:
+    from ..tools.bench_timestamps import TimestampBenchOptions, bench_timestamps, table_markdown
+
+    if args.compare_official or args.plot or args.concurrency:
+        raise InputError("--timestamps takes neither --compare-official, --plot nor --concurrency")
+    opts = TimestampBenchOptions(frames=args.frames, repeats=args.repeats, threads=args.threads)
+    results = [dict(bench_timestamps(args.model, plan, args.aligner, opts), label=label)
+               for plan, label in _bench_plans(args)]  # fmt: skip
+    for result in results:
+        print(f"{result['label']}:\n{table_markdown(result)}\n", flush=True)
+    if args.json:
+        from ..backends.bundle import write_json  # temp file + rename
+
+        write_json(args.json, {"options": {**vars(opts), "runtimes": list(opts.runtimes)}, "timestamps": results})
     return 0
 
 
