@@ -59,3 +59,18 @@ def test_param_names_the_field_the_message_is_about(cv):
     r = _speech(cv, json={"model": "qtts", "input": "Hi.", "voice": "vivian", "language": "klingon"})
     assert r.status_code == 400 and "language" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "language"
+
+
+def test_openapi_lists_what_each_route_answers_in_markdown(cv):
+    spec = httpx.get(cv.url + "/openapi.json", timeout=30).json()
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            statuses = set(op["responses"])
+            assert "422" not in statuses, (method, path)  # validation errors are 400 here
+            if "requestBody" not in op:
+                assert not statuses & {"413", "415"}, (method, path)
+            assert "``" not in op.get("description", "") and ":func:`" not in op.get("description", "")
+    speech = spec["paths"]["/v1/audio/speech"]["post"]
+    assert {"400", "404", "413", "415", "429"} <= set(speech["responses"])
+    assert "`input`" in speech["description"]
+    assert "``" not in json.dumps(spec["components"])

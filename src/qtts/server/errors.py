@@ -7,6 +7,7 @@ path inside the voices directory is replaced by ``<voices>/...`` (:func:`public_
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -201,7 +202,52 @@ def _voices_dir(request: Request) -> str | None:
     return getattr(getattr(state, "store", None), "directory", None)
 
 
+_REST = ((re.compile(r"``([^`]+)``"), r"`\1`"), (re.compile(r":\w+:`~?(?:[\w.]+\.)?([^`.]+)`"), r"`\1`"))
+#: error statuses a route cannot answer without a body (too large, wrong type), or without any input
+_BODY_ONLY, _INPUT_ONLY = ("413", "415"), ("400", "404")
+
+
+def markdown(text: str) -> str:
+    """A route docstring (reST: ````x````, ``:func:`x```) as the Markdown the /docs page renders."""
+    for pattern, repl in _REST:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def tidy_openapi(spec: dict) -> dict:
+    """The schema as this server answers: no 422 (validation errors are 400 here), no 413/415 on a
+    route without a body, no 400/404 on one without any input; descriptions in Markdown."""
+    for ops in spec.get("paths", {}).values():
+        for op in ops.values():
+            drop = {"422"}
+            if "requestBody" not in op:
+                drop.update(_BODY_ONLY if op.get("parameters") else _BODY_ONLY + _INPUT_ONLY)
+            for status in drop:
+                op.get("responses", {}).pop(status, None)
+            if "description" in op:
+                op["description"] = markdown(op["description"])
+    schemas = spec.get("components", {}).get("schemas", {})
+    for schema in schemas.values():
+        for item in (schema, *schema.get("properties", {}).values()):
+            if isinstance(item.get("description"), str):
+                item["description"] = markdown(item["description"])
+    if "HTTPValidationError" not in json.dumps(spec.get("paths", {})):
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+    return spec
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """OpenAI-style errors for every failure, and an OpenAPI schema that lists the ones each route answers."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            tidy_openapi(build())  # FastAPI caches the schema it builds; this edits it once
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         message = public_message(exc.message, _voices_dir(request))
