@@ -91,7 +91,8 @@ def _sampling_arguments(p) -> None:
     s.add_argument("--repetition-penalty", type=number(float, MIN_PENALTY, MAX_PENALTY), metavar="R",
                    help=f"{MIN_PENALTY:g} to {MAX_PENALTY:g}; 1 = off")
     s.add_argument("--max-frames", type=number(lo=1), metavar="N",
-                   help="frame budget per sentence (12.5 frames = 1 s; default: from the text length)")
+                   help="frame budget of each text piece (12.5 frames = 1 s; long text is split into pieces of a few "
+                   "sentences unless --no-split; --live: of each talker context; default: from the piece's length)")
     s.add_argument("--non-streaming-text", action="store_true", default=None,
                    help="put the whole text in the prompt (default for CustomVoice/VoiceDesign)")
     s.add_argument("--no-split", action="store_true", help="do not split long text into sentences")

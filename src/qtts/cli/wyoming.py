@@ -25,7 +25,7 @@ def register(sub) -> None:
                    help="speaking rate 0.25-4.0, pitch kept (default 1.0)")
     p.add_argument("--seed", type=number(lo=0), help="seed sampling: the same text always sounds the same")
     p.add_argument("--max-frames", type=number(lo=1), metavar="N",
-                   help="frame budget per sentence (12.5 frames/s; default: from the text length)")
+                   help="frame budget of each text piece (a few sentences; 12.5 frames/s; default: from its length)")
     p.add_argument("--max-request-frames", type=number(lo=1), default=2048, metavar="N",
                    help="frames of one request (or streamed sentence) in all (default 2048 = 164 s, as qtts serve)")
     p.add_argument("--max-chars", type=number(lo=1), default=4096, metavar="N",
