@@ -190,17 +190,17 @@ def run(args) -> int:
     t = args.timeout
     _step(results, "kernels build", _qtts("kernels", "build", "--force"), t)
     _step(results, "kernels status", _qtts("kernels", "status"), t)
-    say = ("say", TEXT, "-m", args.model, "--speaker", SPEAKER, "--max-frames", str(FRAMES))
+    say = ("say", TEXT, "-m", args.model, "--speaker", SPEAKER, "--max-frames", str(FRAMES), "--force")  # OUT may be reused
     for prec, bundle in (b.split("=", 1) for b in args.bundle):
         plan = os.path.join(bundle, "plan.json")
         wav, codes, pcm = (os.path.join(out, f"{k}-{prec}.{e}") for k, e in (("say", "wav"), ("codes", "npz"), ("say", "pcm")))
         _step(results, f"say {prec} greedy -> wav + codes", _qtts(*say, "--plan", plan, "--greedy", "-o", wav, "--codes-out", codes), t, [wav, codes])
         _step(results, f"say {prec} greedy -> stdout", _qtts(*say, "--plan", plan, "--greedy", "-o", "-"), t, stdout_to=pcm)
         dec = os.path.join(out, f"decode-{prec}.wav")
-        _step(results, f"decode {prec}", _qtts("decode", codes, "-m", args.model, "--plan", plan, "-o", dec), t, [dec])
+        _step(results, f"decode {prec}", _qtts("decode", codes, "-m", args.model, "--plan", plan, "--force", "-o", dec), t, [dec])
         if args.codes_from:  # the other machine's codes: the vocoder compared on identical input
             ref, dec = os.path.join(args.codes_from, f"codes-{prec}.npz"), os.path.join(out, f"decode-ref-{prec}.wav")
-            _step(results, f"decode {prec} of the x86 codes", _qtts("decode", ref, "-m", args.model, "--plan", plan, "-o", dec), t, [dec])
+            _step(results, f"decode {prec} of the x86 codes", _qtts("decode", ref, "-m", args.model, "--plan", plan, "--force", "-o", dec), t, [dec])
         if prec == "fp32":
             seeded = [os.path.join(out, n) for n in ("say-fp32-seed.wav", "codes-fp32-seed.npz")]
             _step(results, "say fp32 seed 7", _qtts(*say, "--plan", plan, "--seed", str(SEED), "-o", seeded[0], "--codes-out", seeded[1]), t, seeded)
