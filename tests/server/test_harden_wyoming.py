@@ -1,8 +1,9 @@
 """Attacks on the Wyoming server over loopback TCP (tiny CustomVoice engine): a client that stops
 reading, malformed events of every kind, an unknown speaker, idle connections past the cap, and
-a Base voice catalog with symlinks; issue 38: one address's idle sockets, one client's long
-requests (a good client from 127.0.0.2 is served), the frame cap per request, invisible text.
-Every read has a deadline."""
+a Base voice catalog with symlinks; issue 38, against a real ``qtts wyoming`` process: one
+address's idle sockets, one client's long requests that it never reads (a good client from
+127.0.0.2 is served meanwhile), invisible text; and the frame cap per request. Every read has a
+deadline."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from processes import ATTACKER, GOOD, served
 from test_wyoming import client, events_until, free_port
 from wyoming.tts import Synthesize, SynthesizeVoice
 
@@ -223,94 +226,150 @@ def test_base_catalog_lists_and_reads_regular_files_only(tmp_path):
         cat.load_voice(choice)
 
 
-class Counting:
-    """A TTS that counts every frame it generates (all calls together)."""
-
-    def __init__(self, engine):
-        self.engine, self.frames = engine, 0
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def stream(self, *args, **kwargs):
-        for chunk in self.engine.stream(*args, **kwargs):
-            self.frames += chunk.num_frames
-            yield chunk
+# -- issue 38, against a real `qtts wyoming` process (tests/server/processes.py) ----------------------
+# Each attack comes from 127.0.0.1, the good client from 127.0.0.2, which measures its first audio
+# and must get all of its audio while the attack goes on. Each fails on the commit before the fix
+# (b61b060^). The service's flags exist there too, so the failures are the attacks'.
+WRITE_TIMEOUT_S = 30.0
+PIECE_FRAMES = 40  # --max-frames: the frame budget of one text piece
 
 
-async def good_audio(port: int, text: str = "Good client.") -> list[dict]:
-    """A good client on 127.0.0.2: its events up to audio-stop (an error fails the test)."""
-    events, _ = await raw_exchange(port, raw_line("synthesize", {"text": text}), 60.0, "127.0.0.2", "audio-stop")
-    assert [e["type"] for e in events][-1:] == ["audio-stop"], events[-3:]
-    return events
+@pytest.fixture(scope="module")
+def wyoming(tiny_snapshot):
+    with served("wyoming", tiny_snapshot(kind="custom_voice"), "--seed", "1", "--max-frames",
+                str(PIECE_FRAMES), "--write-timeout", str(WRITE_TIMEOUT_S)) as srv:
+        yield srv
 
 
-async def settle(service, count: int) -> None:
-    for _ in range(200):
-        if len(service.connections) >= count:
-            return
-        await asyncio.sleep(0.02)
+async def good_audio(port: int, text: str = "Good client.", at_first=None) -> tuple[list[dict], float]:
+    """The good client (127.0.0.2): its events up to audio-stop (an error fails the test) and its
+    seconds to the first audio-chunk; ``at_first()`` runs when that comes (its result goes to the
+    first event as ``at_first``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(GOOD, 0))
+    t0, first, events = time.monotonic(), None, []
+    try:
+        writer.write(raw_line("synthesize", {"text": text}))
+        while not events or events[-1]["type"] not in ("audio-stop", "error"):
+            event = await asyncio.wait_for(read_one(reader), 120)
+            assert event is not None, f"closed after {[e['type'] for e in events][-3:]}"
+            events.append(event)
+            if first is None and event["type"] == "audio-chunk":
+                first = time.monotonic() - t0
+                events[0]["at_first"] = at_first() if at_first else None
+    finally:
+        writer.close()
+    assert events[-1]["type"] == "audio-stop" and first is not None, events[-3:]
+    return events, first
 
 
-def test_one_address_cannot_take_every_connection(cv_engine):
-    """(issue 38) 16 idle sockets from 127.0.0.1 (the default cap of the whole service): past its
-    per-address share they get too_many_connections, and 127.0.0.2 is still served."""
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (Linux TCP_INFO): 1 established; 8 close-wait (the peer
+    closed it), 7 closed (reset)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def stalled_socket(port: int) -> socket.socket:
+    """A client on 127.0.0.1 with a 4 KiB receive buffer that will read nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((ATTACKER, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def readable(sock: socket.socket) -> bool:
+    """Something has arrived on ``sock`` (left unread)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False
+
+
+def wait_until(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_one_address_cannot_take_every_connection(wyoming):
+    """(4) 16 idle sockets from 127.0.0.1 (the default cap of the whole service): past its
+    per-address share (8) they get too_many_connections, and 127.0.0.2 is served while the
+    attacker's 8 are held (before the fix: all 16 held, the good client refused)."""
 
     async def scenario():
-        service, server, port = await start(cv_engine)
-        s = service.settings
+        idle = [await asyncio.open_connection("127.0.0.1", wyoming.port, local_addr=(ATTACKER, 0)) for _ in range(16)]
         try:
-            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(s.max_connections)]
-            await settle(service, s.max_connections_per_client)
-            refused = 0
-            for reader, _ in idle[s.max_connections_per_client:]:
+            async def refused(reader) -> bool:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    event = await asyncio.wait_for(read_one(reader), SLACK_S)
-                    refused += (event or {}).get("data", {}).get("code") == "too_many_connections"
-            good = await good_audio(port)
+                    event = await asyncio.wait_for(read_one(reader), 1.0)
+                    return (event or {}).get("data", {}).get("code") == "too_many_connections"
+                return False
+
+            answers = await asyncio.gather(*(refused(reader) for reader, _ in idle))
+            return sum(answers), await good_audio(wyoming.port)
+        finally:
             for _, writer in idle:
                 writer.close()
-            return s, refused, good
-        finally:
-            await server.stop()
 
-    s, refused, good = run(scenario())
-    assert s.max_connections_per_client < s.max_connections
-    assert refused == s.max_connections - s.max_connections_per_client
-    assert any(e["type"] == "audio-chunk" for e in good)
+    refused, (good, first_s) = run(scenario())
+    assert refused == 8, refused
+    assert any(e["type"] == "audio-chunk" for e in good), first_s
 
 
-def test_long_requests_of_a_client_that_never_reads_do_not_hold_the_engine(cv_engine):
-    """(issue 38) A client with a 4 KiB receive buffer sends three synthesize events of 4,096
-    characters and reads nothing: a good client from 127.0.0.2 gets its audio after at most a
-    piece of the other's request (a context of at most CONTEXT_FRAMES here), not after all of it."""
-    from test_harden_capacity import CONTEXT_FRAMES, ShortContexts
+class Listener(threading.Thread):
+    """A Wyoming client that reads everything it is sent; ``frames``: audio frames received so far."""
 
-    engine = Counting(ShortContexts(cv_engine.components))
+    def __init__(self, sock: socket.socket):
+        super().__init__(daemon=True)
+        self.sock, self.frames, self.end = sock, 0, None
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError), self.sock.makefile("rb") as f:
+            while line := f.readline():
+                event = json.loads(line)
+                f.read(event.get("data_length") or 0)
+                self.frames += len(f.read(event.get("payload_length") or 0)) // (2 * 1920)
+                if event["type"] in ("error", "audio-stop"):
+                    self.end = event["type"]
+
+
+def test_long_requests_of_one_client_do_not_hold_the_engine(wyoming):
+    """(5) 127.0.0.1 sends three synthesize events of 4,096 characters on a connection it never
+    reads, and three more on one it reads (the listener: each request is about 20 pieces of at most
+    PIECE_FRAMES frames). The good client starts when the listener hears its audio, and by the good
+    client's first audio the listener got at most two more pieces: the engine went to the good
+    client after the piece it was speaking (before the fix: after the listener's whole request,
+    hundreds of frames). The stalled connection is still open."""
+    long = raw_line("synthesize", {"text": ("A long sentence that nobody will ever hear from this server. " * 70)[:4096]})
+    stalled = stalled_socket(wyoming.port)
+    listener = Listener(socket.create_connection(("127.0.0.1", wyoming.port), source_address=(ATTACKER, 0)))
+    try:
+        stalled.sendall(long * 3)
+        assert wait_until(lambda: readable(stalled), 60), "the stalled client's audio never started"
+        listener.start()
+        listener.sock.sendall(long * 3)
+        assert wait_until(lambda: listener.frames > 0, 120), "the listener's audio never started"
+        before = listener.frames
+        good, _ = run(good_audio(wyoming.port, at_first=lambda: listener.frames))
+        heard = good[0]["at_first"] - before
+        assert heard <= 2 * PIECE_FRAMES, f"the listener got {heard} frames before the good client's first audio"
+        assert listener.end is None and tcp_state(stalled) == 1  # the attack is still going on
+    finally:
+        stalled.close()
+        listener.sock.close()
+
+
+def test_invisible_text_is_empty(wyoming):
+    """(issue 38) Text of only format or control characters is refused as empty, as on every surface."""
 
     async def scenario():
-        service, server, port = await start(engine, max_frames=None)
-        try:
-            stalled = socket.socket()
-            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            stalled.connect(("127.0.0.1", port))
-            long = ("A long sentence that nobody will ever hear from this server. " * 70)[:4096]
-            stalled.sendall(raw_line("synthesize", {"text": long}) * 3)
-            for _ in range(400):
-                if engine.frames:
-                    break
-                await asyncio.sleep(0.05)
-            before = engine.frames
-            good = await good_audio(port)
-            waited = engine.frames - before
-            stalled.close()
-            return good, waited
-        finally:
-            await server.stop()
+        return [await raw_exchange(wyoming.port, raw_line("synthesize", {"text": t})) for t in ("\u200b\u2060", "\x01")]
 
-    good, waited = run(scenario())
-    assert any(e["type"] == "audio-chunk" for e in good)
-    assert waited <= 3 * CONTEXT_FRAMES, waited  # the rest of one piece of the other, then its own
+    for events, closed in run(scenario()):
+        assert closed and [e["type"] for e in events] == ["error"] and "empty" in events[0]["data"]["text"], events
 
 
 def test_a_request_has_one_frame_cap_in_all(cv_engine):
@@ -332,17 +391,3 @@ def test_a_request_has_one_frame_cap_in_all(cv_engine):
     events = run(scenario())
     samples = sum(e["payload_length"] // 2 for e in events if e["type"] == "audio-chunk")
     assert events[-1]["type"] == "audio-stop" and 0 < samples <= 6 * 1920, samples
-
-
-def test_invisible_text_is_empty(cv_engine):
-    """(issue 38) Text of only format or control characters is refused as empty, as on every surface."""
-
-    async def scenario():
-        service, server, port = await start(cv_engine)
-        try:
-            return [await raw_exchange(port, raw_line("synthesize", {"text": t})) for t in ("\u200b\u2060", "\x01")]
-        finally:
-            await server.stop()
-
-    for events, closed in run(scenario()):
-        assert closed and [e["type"] for e in events] == ["error"] and "empty" in events[0]["data"]["text"], events
