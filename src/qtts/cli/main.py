@@ -121,7 +121,7 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except ImportError as exc:  # `import torch` on a core-only install: an install hint, not a traceback
         run = args._run
-        message = missing_module_message(exc, extra="export" if run.__module__.endswith(".export") else None,
+        message = missing_module_message(exc, extra="export" if run.__module__.endswith((".export", ".bench")) else None,
                                          bundle=run.__name__ in ("run_say", "run_decode", "run_voice_create", "run"))
         if message is None:
             raise
