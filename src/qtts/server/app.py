@@ -61,6 +61,7 @@ class ServerState:
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
         self.building: str | None = None  # "building plan 'fast', 42 % (talker)" while a bundle is built
+        self.timestamps = "piece"  # what word timestamps time: "word" (a forced aligner) or "piece"
         self._observer = None
         self.live_clients: dict[str, int] = {}  # open live sessions per client address (event loop only)
         self.started = time.time()
@@ -76,7 +77,11 @@ class ServerState:
         slots = self.settings.slots if capacity is None else min(capacity, max(self.settings.max_concurrency,
                                                                                self.settings.max_batch))
         slots = make_slots(engine, slots)[:slots]
+        from .speech_words import timestamp_level
+
+        timestamps = timestamp_level(slots[0])  # loads the aligner now, not on the first request
         with self._lock:
+            self.timestamps = timestamps
             self.scheduler = Scheduler(slots, self.settings.max_queue, self.settings.queue_timeout_s,
                                        self.metrics)
             self.engine = slots[0]
@@ -125,6 +130,7 @@ class ServerState:
             info["plan"] = plan_label(plan)
         info["speakers"] = engine_speakers(e)
         info["languages"] = engine_languages(e)
+        info["timestamps"] = self.timestamps
         return info
 
 

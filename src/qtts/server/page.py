@@ -85,5 +85,5 @@ async def page_info(request: Request) -> dict:
         "cloning": model_type == "base", "uploads": state.store.enabled,
         "instruct": takes_instruct(model_type, model_size), "instruct_required": model_type == "voice_design",
         "max_input_chars": state.settings.max_input_chars, "speed": [MIN_SPEED, MAX_SPEED],
-        "sample_rate": SAMPLE_RATE,
+        "sample_rate": SAMPLE_RATE, "timestamps": state.timestamps,
     }  # fmt: skip

@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import json
 import logging
+import threading
 import time
 from typing import Annotated, Literal
 
@@ -14,13 +15,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import SAMPLES_PER_FRAME
+from ..engine.generate import AnyCancel
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from ..text.prompt import speakable
 from .errors import ERROR_RESPONSES, ApiError, public_message
 from .formats import MEDIA_TYPES, open_format
+from .live_limits import capped_chunk
 from .responses import JobStreamingResponse
+from .speech_words import HEADER as TIMESTAMPS_HEADER
+from .speech_words import heard, json_speech
 from .voices import engine_speakers, is_voice_id
 from .worker import Job, address
 
@@ -67,6 +71,10 @@ class SpeechRequest(BaseModel):
     greedy: bool | None = Field(None, description="Argmax decoding (deterministic).")
     max_frames: int | None = Field(None, ge=1, description="Frame budget (12.5 frames per second), at most "
                                    "the server's max_frames.")
+    timestamps: bool | None = Field(None, description="Word timings (seconds from the start of the audio): "
+                                    "speech.words events with stream_format sse, else one JSON answer {audio "
+                                    "(base64), audio_format, words, timestamps}; 'timestamps' says whether the "
+                                    "times are per word (a forced aligner) or per text piece (none).")
 
 
 @dataclasses.dataclass
@@ -84,6 +92,8 @@ class SpeechPlan:
     frame_cap: int
     t0: float
     stats: dict
+    #: word timings on: chunks come as (bytes, word dicts); not SSE: one JSON answer
+    timestamps: bool = False
 
 
 def _check_request(req: SpeechRequest, settings) -> str:
@@ -108,7 +118,7 @@ def _options(req: SpeechRequest, settings):
     talker = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                             repetition_penalty=req.repetition_penalty)
     kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames,
-              "speed": 1.0 if req.speed is None else req.speed}
+              "speed": 1.0 if req.speed is None else req.speed, "timestamps": bool(req.timestamps)}
     if settings.chunk_frames:
         kwargs["chunk_frames"] = settings.chunk_frames
     options = SynthesisOptions(**kwargs)
@@ -169,27 +179,29 @@ async def _named_voice(name: str, state, speakers: list[str], alias: str | None 
 
 
 def _produce(plan: SpeechPlan, metrics):
-    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation."""
+    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation.
+    With timestamps, a stream cut by the frame cap stops generating (``cut``) but still hands out the
+    words of the audio already sent, as their alignments finish."""
 
     def run(engine, cancel):
-        stats = plan.stats
+        stats, cut = plan.stats, threading.Event()
         writer = open_format(plan.fmt)
         pending = writer.start()  # the header leaves with the first audio, after input validation
         frames, t_start = 0, time.perf_counter()
         stats["input_tokens"] = _input_tokens(engine, plan.text)
         stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
-                               language=plan.language, options=_with_cancel(plan.options, cancel))
+                               language=plan.language, options=_with_cancel(plan.options, AnyCancel(cancel, cut)))
         try:
             for chunk in stream:
                 if cancel.is_set():
                     break
-                samples = chunk.samples
-                n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
+                if cut.is_set():  # past the cap: no more audio, the words of what was sent
+                    words = heard(chunk.words, stats["audio_s"])
+                    if words:
+                        yield b"", words
+                    continue
+                samples, n = capped_chunk(chunk, frames, plan.frame_cap)
                 capped = frames + n >= plan.frame_cap and not chunk.is_final
-                if frames + n > plan.frame_cap:
-                    keep = plan.frame_cap - frames
-                    samples = samples[: len(samples) * keep // n]  # (stretched chunks: not 1920 per frame)
-                    n = keep
                 frames += n
                 metrics.frames.inc(n)
                 stats["frames"] = frames
@@ -197,12 +209,15 @@ def _produce(plan: SpeechPlan, metrics):
                 stats["finish_reason"] = "length" if capped else chunk.finish_reason
                 data, pending = pending + writer.write(samples), b""
                 stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
-                yield data
-                if capped:
+                yield (data, heard(chunk.words, stats["audio_s"])) if plan.timestamps else data
+                if capped and not plan.timestamps:
                     break
+                if capped:
+                    cut.set()
             if not cancel.is_set():
                 stats["completed"] = True
-                yield pending + writer.finish()
+                tail = pending + writer.finish()
+                yield (tail, []) if plan.timestamps else tail
         finally:
             stream.close()
             stats["gen_s"] = time.perf_counter() - t_start
@@ -251,22 +266,34 @@ def _sse(event: dict) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
+def _done_event(plan: SpeechPlan, level: str | None = None) -> dict:
+    """The ``speech.audio.done`` event (``level``: what the word times time, with ``timestamps``)."""
+    s = plan.stats
+    event = {"type": "speech.audio.done", "finish_reason": s.get("finish_reason"),
+             "audio_seconds": round(s.get("audio_s", 0.0), 3),
+             "usage": {"input_tokens": s.get("input_tokens", 0), "output_tokens": s.get("frames", 0),
+                       "total_tokens": s.get("input_tokens", 0) + s.get("frames", 0)}}
+    if plan.timestamps:
+        event["timestamps"] = level
+    return event
+
+
 async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
     """The response body: the first item, then the rest as the worker produces it."""
     while True:
         kind, value = item
         if kind == "data":
+            data, words = value if plan.timestamps else (value, None)
             if plan.sse:
-                yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(value).decode()})
+                if data or not words:  # (a flac delta is empty until the end; the words go on)
+                    yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                if words:
+                    yield _sse({"type": "speech.words", "words": words})
             else:
-                yield value
+                yield data
         elif kind == "end":
             if plan.sse:
-                s = plan.stats
-                yield _sse({"type": "speech.audio.done", "finish_reason": s.get("finish_reason"),
-                            "audio_seconds": round(s.get("audio_s", 0.0), 3),
-                            "usage": {"input_tokens": s.get("input_tokens", 0), "output_tokens": s.get("frames", 0),
-                                      "total_tokens": s.get("input_tokens", 0) + s.get("frames", 0)}})
+                yield _sse(_done_event(plan, state.timestamps))
             return
         else:
             err = _engine_error(value)
@@ -303,8 +330,10 @@ async def _first(job: Job, request: Request):
 
 
 @router.post("/v1/audio/speech", response_class=Response,
-             responses={200: {"content": {m: {} for m in (*MEDIA_TYPES.values(), "text/event-stream")},
-                              "description": "Audio bytes, streamed as they are generated."},
+             responses={200: {"content": {m: {} for m in (*MEDIA_TYPES.values(), "text/event-stream",
+                                                           "application/json")},
+                              "description": "Audio bytes, streamed as they are generated (with timestamps "
+                              "and no SSE: one JSON object, the audio base64-encoded beside its words)."},
                         **ERROR_RESPONSES})
 async def create_speech(req: SpeechRequest, request: Request):
     """Synthesize ``input``; the body streams while the model generates."""
@@ -316,8 +345,8 @@ async def create_speech(req: SpeechRequest, request: Request):
     stats = request.scope.setdefault("state", {}).setdefault("access", {})
     plan = SpeechPlan(text=req.input, fmt=fmt, sse=req.stream_format == "sse", voice=voice, speaker=speaker,
                       instruct=req.instruct or req.instructions or None, language=req.language,
-                      options=_options(req, state.settings),
-                      frame_cap=req.max_frames or state.settings.max_frames, t0=t0, stats=stats)
+                      options=_options(req, state.settings), frame_cap=req.max_frames or state.settings.max_frames,
+                      t0=t0, stats=stats, timestamps=bool(req.timestamps))
     owner = address(request)
     slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=owner)
     job = Job(state.scheduler, slot, _produce(plan, state.metrics), owner)
@@ -329,6 +358,13 @@ async def create_speech(req: SpeechRequest, request: Request):
         raise
     if first[0] == "error":
         raise _engine_error(first[1])
+    if plan.timestamps and not plan.sse:  # the JSON form: the whole file beside its words
+        try:
+            return await json_speech(job, first, plan, state, request, _done_event, _engine_error)
+        finally:
+            job.cancel()
     media = "text/event-stream" if plan.sse else MEDIA_TYPES[fmt]
-    return JobStreamingResponse(job, _body(job, first, plan, state), media_type=media,
-                                headers={"X-Qtts-Model": state.settings.model_id, "Cache-Control": "no-store"})
+    headers = {"X-Qtts-Model": state.settings.model_id, "Cache-Control": "no-store"}
+    if plan.timestamps:
+        headers[TIMESTAMPS_HEADER] = state.timestamps
+    return JobStreamingResponse(job, _body(job, first, plan, state), media_type=media, headers=headers)

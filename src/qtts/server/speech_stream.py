@@ -3,7 +3,8 @@
 One answer per connection. The client sends JSON text frames: ``session.update`` (optional,
 first), any number of ``text.delta``, then ``text.done``. The server sends binary frames of audio
 in the session's format as it is generated, and JSON events: ``audio.started``, optional
-``audio.chunk`` timings, ``audio.done`` (then it closes with 1000) and ``error``. The text is
+``audio.chunk`` timings, ``words`` (with ``timestamps``: word timings, :mod:`qtts.server.speech_words`),
+``audio.done`` (then it closes with 1000) and ``error``. The text is
 spoken in *utterances* (:mod:`qtts.server.utterance`): each takes a worker slot like any request
 (queued, or refused with 1013), runs :meth:`qtts.TTS.stream_text` fed from a :class:`TextPieces`
 queue, so text keeps arriving while the talker computes, and gives the slot back when its text
@@ -78,6 +79,8 @@ class SessionConfig(BaseModel):
     max_frames: int | None = Field(None, ge=1, description="Frames of the whole session (and the budget of each "
                                    "talker context), at most the server's max_frames; None = the server's cap.")
     chunk_events: bool | None = Field(None, description="Send an audio.chunk event after each audio frame.")
+    timestamps: bool | None = Field(None, description="Send words events (word timings, seconds from the session's "
+                                    "first audio) between the audio frames.")
 
 
 def _options(cfg: SessionConfig, settings):
@@ -89,7 +92,7 @@ def _options(cfg: SessionConfig, settings):
     if cfg.max_frames is not None and cfg.max_frames > settings.max_frames:
         raise InputError(f"max_frames={cfg.max_frames} exceeds this server's limit of {settings.max_frames}")
     return SynthesisOptions(talker=talker, seed=cfg.seed, greedy=bool(cfg.greedy), max_frames=cfg.max_frames,
-                            speed=1.0 if cfg.speed is None else cfg.speed, **extra)
+                            speed=1.0 if cfg.speed is None else cfg.speed, timestamps=bool(cfg.timestamps), **extra)
 
 
 class LiveSession(Utterances):

@@ -13,13 +13,16 @@ piece of text an utterance may end; :func:`produce` is the worker-thread body.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import unicodedata
 
+from ..engine.generate import AnyCancel
 from ..text.sentences import sentence_end
 from .errors import ApiError, public_message
 from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, capped_chunk, speakable
 from .speech import _engine_error, _record, _with_cancel
+from .speech_words import heard, shifted
 from .worker import Job, address
 
 #: how often a speaking utterance checks whether its text input should end (seconds)
@@ -146,10 +149,13 @@ class Utterances:
                 return
             data, info = value
             utt.audio_s += info.pop("audio_s")
+            words = info.pop("words", None)
             if data:
                 await self._audio(data)
-            if self.cfg.chunk_events:
+            if self.cfg.chunk_events and info:  # (none for the words after a cut)
                 await self._event({"type": "audio.chunk", **info, "wall_s": round(time.monotonic() - self.t0, 4)})
+            if words:
+                await self._event({"type": "words", "words": words})
             self._check(utt)
 
     async def _audio(self, data: bytes) -> None:
@@ -158,7 +164,10 @@ class Utterances:
             if self.first_text_at is not None:
                 self.stats["ttfa_s"] = time.monotonic() - self.first_text_at
                 self.state.metrics.ttfa.observe(self.stats["ttfa_s"])
-            await self._event({"type": "audio.started", "response_format": self.fmt, "sample_rate": 24000})
+            started = {"type": "audio.started", "response_format": self.fmt, "sample_rate": 24000}
+            if self.cfg.timestamps:
+                started["timestamps"] = self.state.timestamps  # "word", or "piece" without an aligner
+            await self._event(started)
         data, self.header = self.header + data, b""
         await self._send(self.ws.send_bytes(data))
         self.last_seen = time.monotonic()
@@ -209,19 +218,26 @@ def end_point(utt: Utterance, new: str, waiting: bool, yielding: bool) -> int | 
 def produce(session, utt: Utterance, voice, speaker, options):
     """Worker-thread body for ``utt``: engine chunks -> (audio bytes, chunk info). The session's
     stats (frames, audio, contexts, finish reason) add up over its utterances; ``max_frames``
-    caps the whole session (``stats["capped"]`` once reached)."""
+    caps the whole session (``stats["capped"]`` once reached). With timestamps, a stream cut at the
+    cap stops generating (``cut``) and still hands out the words of the audio sent (info ``words``)."""
     cfg, stats, metrics, writer = session.cfg, session.stats, session.state.metrics, session.writer
     cap = cfg.max_frames or session.settings.max_frames
 
     def run(engine, cancel):
-        record, t0 = {"audio_s": 0.0}, time.perf_counter()
+        record, t0, cut = {"audio_s": 0.0}, time.perf_counter(), threading.Event()
+        # word times count from the session's first audio, pieces over the session's contexts
+        at = (stats.get("audio_s", 0.0), stats.get("contexts", 0))
         stream = engine.stream_text(utt.pieces, voice=voice, speaker=speaker, language=cfg.language,
                                     instruct=cfg.instruct or cfg.instructions or None,
-                                    options=_with_cancel(options, cancel))
+                                    options=_with_cancel(options, AnyCancel(cancel, cut)))
         try:
             for chunk in stream:
                 if cancel.is_set():
                     break
+                if cut.is_set():
+                    if words := shifted(heard(chunk.words, record["audio_s"]), *at):
+                        yield b"", {"audio_s": 0.0, "words": words}
+                    continue
                 start = stats.get("frames", 0)
                 samples, n = capped_chunk(chunk, start, cap)
                 capped = start + n >= cap and not chunk.is_final
@@ -231,9 +247,14 @@ def produce(session, utt: Utterance, voice, speaker, options):
                 stats["audio_s"] = stats.get("audio_s", 0.0) + seconds
                 if chunk.is_final or capped:
                     _finish(stats, chunk, capped, start + n >= cap)
-                yield writer.write(samples), {"frame_start": start, "frames": n, "audio_s": seconds}
-                if capped:
-                    break
+                info = {"frame_start": start, "frames": n, "audio_s": seconds}
+                if options.timestamps:
+                    info["words"] = shifted(heard(chunk.words, record["audio_s"]), *at)
+                yield writer.write(samples), info
+                if capped:  # with timestamps: no more frames, the words of what was sent still come
+                    if not options.timestamps:
+                        break
+                    cut.set()
             record["completed"] = not cancel.is_set()
         finally:
             stream.close()
