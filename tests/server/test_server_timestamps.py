@@ -232,3 +232,43 @@ def test_heard_and_shifted():
     assert heard(words, 0.9) == [w.to_dict() for w in words]
     moved = shifted(heard(words, 1.0), 1.25, 3)
     assert [(w["start"], w["end"], w["piece"]) for w in moved] == [(1.25, 1.65, 3), (1.65, 2.15, 3)]
+
+
+def _served(args_tail: list[str]):
+    from qtts.cli.main import build_parser
+    from qtts.cli.serve import _load_engines
+    from qtts.server.app import ServerState
+    from qtts.server.settings import ServerSettings
+
+    state = ServerState(ServerSettings())
+    _load_engines(build_parser().parse_args(["serve", *args_tail, "--threads", "1"]), state)
+    return state
+
+
+def test_serve_aligner_is_loaded_before_ready(cv, tmp_path):
+    with no_official_aligner(tmp_path):
+        state = _served(["-m", cv, "--aligner", tiny_aligner(tmp_path)])
+        assert state.ready and state.timestamps == "word" and state.model_info()["timestamps"] == "word"
+        state.shutdown()
+        plain = _served(["-m", cv])
+        assert plain.ready and plain.timestamps == "piece"
+        plain.shutdown()
+
+
+def test_serve_aligner_that_cannot_load_is_a_load_error(cv, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    state = _served(["-m", cv, "--aligner", str(broken)])
+    assert not state.ready and state.load_error, state.load_error
+
+
+def test_serve_refuses_an_aligner_folder_without_a_snapshot(tmp_path):
+    from qtts.cli.serve import check_aligner
+    from qtts.errors import InputError
+
+    for bad in (tmp_path / "missing", tmp_path):
+        with pytest.raises(InputError, match="no Qwen3-ForcedAligner snapshot there"):
+            check_aligner(str(bad))
+    check_aligner(None)
+    check_aligner("Qwen/Qwen3-ForcedAligner-0.6B")  # a hub id: resolved by the loader

@@ -37,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--max-upload-mb", type=number(float, above=0), default=10.0,
                    help="largest voice upload (default 10 MB)")
     p.add_argument("--chunk-frames", type=number(lo=1), help="frames per streamed chunk after the first (default 8)")
+    p.add_argument("--aligner", metavar="DIR|HUB_ID", help="the Qwen3-ForcedAligner-0.6B snapshot that times words "
+                   "for requests with timestamps: true, loaded at start-up (default: $QTTS_ALIGNER, else the official "
+                   "one if it is in the Hugging Face cache, else none: times per text piece; docs/timestamps.md)")
     _openai_arguments(p)
     p.add_argument("--model-id", help="model name reported by /health and /v1/models (default: --model)")
     p.add_argument("--no-access-log", action="store_true", help="no JSON access-log lines on stderr")
@@ -164,9 +167,12 @@ def _load_engines(args, state) -> None:
     try:
         plan = cli_plan(args, (state.build_listener("the plan"),))  # a missing bundle is built first
         if batch > 1:  # one engine, one copy of the weights, every slot shares its batch
-            engines = qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, max_batch=batch)
+            engines = qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, max_batch=batch,
+                                aligner=args.aligner)  # fmt: skip
         else:
-            engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads) for _ in range(k)]
+            engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, aligner=args.aligner)
+                       for _ in range(k)]  # fmt: skip
+        (engines if batch > 1 else engines[0]).aligner  # noqa: B018 (loads the aligner, if any, before "ready")
     except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
         log.error("qtts: cannot load %s: %s", args.model, exc)
         state.set_load_error(str(exc))
@@ -200,6 +206,20 @@ def check_model(model: str) -> None:
     elif not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", path):
         raise InputError(f"--model {model}: no such snapshot directory; pass a local Qwen3-TTS snapshot directory "
                          "or a hub id like Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+
+
+def check_aligner(spec: str | None) -> None:
+    """Refuse (exit 2) an ``--aligner`` folder that does not exist or has no config.json (a hub id is
+    resolved by the loader; a failure there makes /health answer 503 with the reason)."""
+    import os
+    import re
+
+    path = os.path.expanduser(spec or "")
+    if not spec or (re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", spec) and not os.path.exists(path)):
+        return
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise InputError(f"--aligner {spec}: no Qwen3-ForcedAligner snapshot there (no config.json); download one "
+                         "with: hf download Qwen/Qwen3-ForcedAligner-0.6B --local-dir DIR")
 
 
 def _measured_capacity(engines) -> int | None:
@@ -255,6 +275,7 @@ def run(args) -> int:
     _check_host(args.host)
     settings = _settings(args)
     check_model(args.model)
+    check_aligner(args.aligner)
     check_plan_name(args.plan)
     if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
         from ..backends.plan import load_plan
@@ -282,6 +303,8 @@ def _run_ray(args, settings) -> int:
 
     if args.max_concurrency > 1:
         raise InputError("--ray runs one batched engine per replica: use --max-batch, not --max-concurrency")
+    if args.aligner:
+        raise InputError("--aligner is not passed to Ray replicas: set QTTS_ALIGNER in the replicas' environment")
     autoscale = None
     if args.autoscale:
         low, sep, high = args.autoscale.partition(":")
