@@ -23,8 +23,7 @@ import numpy as np
 
 from qtts.backends import open as open_components
 from qtts.errors import InputError, QttsError
-from qtts.export.verify import reference_prompt
-from qtts.tools.bench import BenchOptions, _loop_params, _one_run
+from qtts.tools.bench import BenchOptions, one_run
 
 
 def main() -> None:
@@ -46,22 +45,21 @@ def main() -> None:
     variants = []
     for plan in args.plan:
         parts = open_components(args.model, plan=plan, threads=args.threads)
-        prompt, speaker = reference_prompt(parts, serial.text)
-        variants.append((plan + " (serial)", parts, prompt, speaker, serial))
+        variants.append((plan + " (serial)", parts, serial))
         opened = {args.threads: parts}
         for gt, vt in _splits(args) if args.pipelined else []:
             for t in (gt, vt):
                 if t not in opened:
                     opened[t] = open_components(args.model, plan=plan, threads=t)
             piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
-            variants.append((f"{plan} (pipelined, generation threads {gt}, vocoder threads {vt})", piped, prompt,
-                             speaker, dataclasses.replace(serial, pipeline=True)))  # fmt: skip
-    for _name, parts, prompt, speaker, opts in variants:  # warm-up
-        _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)
+            variants.append((f"{plan} (pipelined, generation threads {gt}, vocoder threads {vt})", piped,
+                             dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+    for _name, parts, opts in variants:  # warm-up
+        one_run(parts, 4, opts)
     rows: dict[str, list] = {}
     for i in range(args.runs):
-        for name, parts, prompt, speaker, opts in variants if i % 2 == 0 else variants[::-1]:
-            r = _one_run(parts, prompt, speaker, _loop_params(parts.config, args.frames, opts.seed), opts)
+        for name, parts, opts in variants if i % 2 == 0 else variants[::-1]:
+            r = one_run(parts, args.frames, opts)
             rows.setdefault(name, []).append((r["talker_ms"], r["predictor_ms"], r["vocoder_ms"],
                                               r["total_s"] / r["audio_s"], r["ttfa_ms"], r["foreign_cores"]))  # fmt: skip
     for name, runs in rows.items():

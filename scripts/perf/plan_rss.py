@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 
 from qtts.backends import open as open_components
-from qtts.export.verify import reference_prompt
-from qtts.tools.bench import BenchOptions, _loop_params, _one_run, rss_mb, window_peak_rss_mb
+from qtts.tools.bench import BenchOptions, one_run, rss_mb, window_peak_rss_mb
 
 
 def main() -> None:
@@ -24,8 +23,7 @@ def main() -> None:
     opts = BenchOptions(threads=args.threads, pipeline=not args.serial)
     parts = open_components(args.model, plan=args.plan, threads=args.threads)
     loaded = rss_mb()
-    prompt, speaker = reference_prompt(parts, opts.text)
-    r = _one_run(parts, prompt, speaker, _loop_params(parts.config, args.frames, opts.seed), opts)
+    r = one_run(parts, args.frames, opts)
     print(f"{args.plan}: RSS after load {loaded:.0f} MB, after run {rss_mb():.0f} MB, peak {window_peak_rss_mb():.0f} MB "
           f"(RTF {r['total_s'] / r['audio_s']:.2f}, {r['frames']} frames)")
 

@@ -21,7 +21,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -29,37 +28,10 @@ import numpy as np  # noqa: E402
 from _common import loadavg, pages  # noqa: E402
 
 from qtts.backends import open as open_components  # noqa: E402
-from qtts.engine.generate import generate  # noqa: E402
-from qtts.engine.stream import Chunker  # noqa: E402
-from qtts.export.verify import reference_prompt  # noqa: E402
-from qtts.tools.bench import BenchOptions, _busy_jiffies, _loop_params, foreign_cores  # noqa: E402
+from qtts.tools.bench import BenchOptions, one_run  # noqa: E402
 
 #: timed method -> the column it is reported in
 COLUMNS = {"talker": "talker", "predict_frame": "predictor", "decode": "vocoder"}
-
-
-class Timed:
-    """Wraps a backend or vocoder stream; accumulates wall and CPU seconds per method name."""
-
-    def __init__(self, inner, names):
-        self._inner, self._names = inner, names
-        self.wall, self.cpu, self.calls = collections.Counter(), collections.Counter(), collections.Counter()
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if name not in self._names:
-            return attr
-
-        def timed(*a, **k):
-            c0, t0 = time.process_time(), time.perf_counter()
-            out = attr(*a, **k)
-            key = "prefill" if name == "talker" and np.asarray(a[0]).shape[0] > 1 else name
-            self.wall[key] += time.perf_counter() - t0
-            self.cpu[key] += time.process_time() - c0
-            self.calls[key] += 1
-            return out
-
-        return timed
 
 
 def weight_bytes(path: str) -> dict:
@@ -85,32 +57,16 @@ def weight_bytes(path: str) -> dict:
             "all_initializers": sum(sizes.values())}
 
 
-def one_run(parts, prompt, speaker, frames: int, opts: BenchOptions) -> dict:
-    """One serial streamed run of ``frames`` frames (EOS blocked); per-method wall/CPU totals."""
-    backend = Timed(parts.backend, ("talker", "predict_frame"))
-    stream = Timed(parts.vocoder.stream(), ("decode",))
-    chunker = Chunker(stream, opts.first_chunk, opts.chunk)
-    lp = _loop_params(parts.config, frames, opts.seed)
-    n = 0
-    j0, c0, t0 = _busy_jiffies(), time.process_time(), time.perf_counter()
-    for codes in generate(backend, prompt, lp, speaker):
-        n += 1
-        chunker.push(codes)
-    chunker.flush()
-    total, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"frames": n, "wall": total, "cpu": cpu, "foreign": foreign_cores(j0, _busy_jiffies(), total),
-            "timed": (backend, stream)}
-
-
 def print_run(r: dict) -> None:
     n = max(r["frames"], 1)
     backend, stream = r["timed"]
     cols = []
     for method, label in COLUMNS.items():
         src = stream if method == "decode" else backend
-        cols.append(f"{label} {1000 * src.wall[method] / n:.1f} wall / {1000 * src.cpu[method] / n:.1f} CPU")
-    print(f"  run ({r['frames']} frames): wall {1000 * r['wall'] / n:.1f} ms/frame, CPU {1000 * r['cpu'] / n:.1f} ms/frame,"
-          f" foreign {r['foreign']:.2f}; " + ", ".join(cols) + f"; prefill {1000 * backend.wall['prefill']:.0f} ms")
+        cols.append(f"{label} {1000 * src.times.get(method, 0) / n:.1f} wall / {1000 * src.cpu.get(method, 0) / n:.1f} CPU")
+    print(f"  run ({r['frames']} frames): wall {1000 * r['total_s'] / n:.1f} ms/frame, CPU {1000 * r['cpu_s'] / n:.1f} "
+          f"ms/frame, foreign {r['foreign_cores']:.2f}; " + ", ".join(cols)
+          + f"; prefill {1000 * backend.times.get('prefill', 0):.0f} ms")
 
 
 def print_weights(parts, rows: list, threads: int) -> None:
@@ -128,7 +84,7 @@ def print_weights(parts, rows: list, threads: int) -> None:
             continue
         reads = info["per_call"] / wb  # the fused predictor frame reads its layer weights 15 times
         per_frame = [1000 * r["timed"][0].cpu[method] / max(r["frames"], 1) for r in rows]
-        walls = [1000 * r["timed"][0].wall[method] / max(r["frames"], 1) for r in rows]
+        walls = [1000 * r["timed"][0].times[method] / max(r["frames"], 1) for r in rows]
         print(f"    effective: {reads:.1f} x weights per frame -> {reads * wb / 1e6 / np.median(walls):.1f} GB/s (wall),"
               f" {reads * wb / 1e6 / np.median(per_frame) * threads:.1f} GB/s per {threads} CPU-s")
 
@@ -147,11 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.no_huge:
         os.environ["QTTS_HUGE_PAGES"] = "0"
-    opts = BenchOptions(threads=args.threads, first_chunk=args.first_chunk, chunk=args.chunk)
+    opts = BenchOptions(threads=args.threads, first_chunk=args.first_chunk, chunk=args.chunk, pipeline=False)
     parts = open_components(args.model, plan=args.plan, threads=args.threads)
-    prompt, speaker = reference_prompt(parts, opts.text)
-    one_run(parts, prompt, speaker, 4, opts)  # warm-up
-    rows = [one_run(parts, prompt, speaker, args.frames, opts) for _ in range(args.repeats)]
+    one_run(parts, 4, opts)  # warm-up
+    rows = [one_run(parts, args.frames, opts) for _ in range(args.repeats)]
     print(f"{args.plan or 'torch'}: {args.threads} threads, {args.frames} frames, chunks {args.first_chunk}..{args.chunk},"
           f" loadavg {loadavg()}; huge pages {not args.no_huge}: {pages()}")
     for r in rows:

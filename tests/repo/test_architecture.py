@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import glob
 import os
 import re
 
@@ -195,18 +196,22 @@ def test_tools_are_never_imported_by_the_runtime(start):
 
 
 def test_one_frames_to_chunks_loop():
-    """The frames -> chunks loop lives in engine/stream.py alone (stream, stream_text and decode share it;
-    the benchmark drives a Chunker itself to time the vocoder per chunk)."""
+    """The frames -> chunks loop lives in engine/stream.py alone (stream, stream_text and decode share it);
+    the synthesis body in engine/synth.py alone: ``qtts bench``, the perf scripts and the capacity probe
+    call it through ``TTS.stream`` (none drives a Chunker or a generation loop of its own)."""
     assert not {"qtts.chunking", "qtts.pipeline", "qtts.textsource"} & set(MODULES)
     pushers, private = [], []
     for mod, path in MODULES.items():
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-        if re.search(r"chunker\.(push|drain|flush)\(", text) and mod not in ("qtts.engine.stream", "qtts.tools.bench"):
+        if re.search(r"chunker\.(push|drain|flush)\(", text) and mod != "qtts.engine.stream":
             pushers.append(mod)
         if mod != "qtts.api" and re.search(r"\b(tts|self\.tts|engine)\._stream", text):
             private.append(mod)
     assert pushers == [] and private == []
+    scripts = [p for p in glob.glob(os.path.join(REPO_ROOT, "scripts", "**", "*.py"), recursive=True)
+               if re.search(r"Chunker\(|\b_one_run\b|\b_loop_params\b", open(p, encoding="utf-8").read())]  # fmt: skip
+    assert scripts == [], f"scripts with a synthesis body of their own: {scripts}"
 
 
 def test_the_batch_seam_is_a_protocol():

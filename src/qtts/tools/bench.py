@@ -25,7 +25,6 @@ import gc
 import logging
 import os
 import resource
-import threading
 import time
 from dataclasses import dataclass
 
@@ -56,11 +55,15 @@ class BenchOptions:
     text: str = TEXT
 
 
-class _Timed:
-    """Wraps a backend or decoder; accumulates wall time per method name."""
+class Timed:
+    """Wraps a backend or vocoder stream; accumulates wall and CPU seconds and calls per method name
+    (a talker call over more than one position counts as ``prefill``)."""
 
     def __init__(self, inner, names: tuple):
-        self._inner, self._names, self.times = inner, names, {}
+        self._inner, self._names = inner, names
+        self.times: dict = {}  # wall seconds
+        self.cpu: dict = {}  # process CPU seconds
+        self.calls: dict = {}
 
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
@@ -68,15 +71,26 @@ class _Timed:
             return attr
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             out = attr(*args, **kwargs)
-            key = name
-            if name == "talker" and np.asarray(args[0]).shape[0] > 1:
-                key = "prefill"
+            key = "prefill" if name == "talker" and np.asarray(args[0]).shape[0] > 1 else name
             self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+            self.cpu[key] = self.cpu.get(key, 0.0) + time.process_time() - c0
+            self.calls[key] = self.calls.get(key, 0) + 1
             return out
 
         return timed
+
+
+class _TimedVocoder:
+    """A vocoder whose streams are :class:`Timed` (``decode``); ``streams`` keeps them."""
+
+    def __init__(self, inner):
+        self._inner, self.streams = inner, []
+
+    def stream(self):
+        self.streams.append(Timed(self._inner.stream(), ("decode",)))
+        return self.streams[-1]
 
 
 def peak_rss_mb() -> float:
@@ -116,16 +130,6 @@ def rss_mb() -> float:
         return peak_rss_mb()
 
 
-def _loop_params(config, frames: int, seed: int):
-    """The checkpoint's sampling defaults with EOS blocked for ``frames`` frames."""
-    from ..engine.generate import LoopParams
-    from ..options import SynthesisOptions
-
-    opts = SynthesisOptions().resolve(config.generation)
-    return LoopParams.for_config(config, opts.talker, opts.predictor, frames, min_frames=frames, seed=seed,
-                                 watchdog=None)  # fmt: skip
-
-
 def _busy_jiffies() -> tuple[int, int]:
     """(busy jiffies of the whole machine, jiffies of this process); (0, 0) where /proc is missing."""
     try:
@@ -145,31 +149,40 @@ def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
     return max(0.0, busy / hz / max(seconds, 1e-9))
 
 
-def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
-    from ..engine.generate import generate
-    from ..engine.stream import Chunker, run_ahead
+def bench_voice(config) -> dict:
+    """The voice every run uses: the first named speaker, else a fixed random x-vector."""
+    from ..voice import Voice
 
-    backend = _Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
-    decoder = _Timed(parts.vocoder.stream(), ("decode",))
-    chunker = Chunker(decoder, opts.first_chunk, opts.chunk)  # the schedule TTS.stream uses
+    if config.speakers:
+        return {"speaker": config.speakers[0]}
+    dim = config.speaker_encoder.enc_dim if config.speaker_encoder is not None else config.talker.hidden_size
+    vec = np.random.default_rng(1234).standard_normal(dim).astype(np.float32) * 0.05
+    return {"voice": Voice(vec, model_size=config.tts_model_size)}
 
-    def start(cancel):
-        return iter(generate(backend, prompt, dataclasses.replace(lp, cancel=cancel), speaker))
 
+def one_run(parts, frames: int, opts: BenchOptions) -> dict:
+    """One :meth:`qtts.TTS.stream` of exactly ``frames`` frames (EOS blocked) over timed parts: the product's
+    own synthesis body (:mod:`qtts.engine.synth`), its chunk schedule and pipeline; medians come from
+    :func:`_median`. ``timed``: the (backend, vocoder stream) wrappers, for per-method totals."""
+    from ..api import TTS
+    from ..options import SynthesisOptions
+
+    backend = Timed(parts.backend, ("talker", "predict_frame", "text_embeds", "codec_embeds", "frame_embeds"))
+    vocoder = _TimedVocoder(parts.vocoder)
+    tts = TTS(dataclasses.replace(parts, backend=backend, vocoder=vocoder, max_batch=1))
+    tts.synth.exact_frames = True
+    options = SynthesisOptions(max_frames=frames, seed=opts.seed, first_chunk_frames=opts.first_chunk,
+                               chunk_frames=opts.chunk, pipeline=opts.pipeline, split_sentences=False)  # fmt: skip
     n, ttfa, samples = 0, None, 0
-    jiffies = _busy_jiffies()
-    t0 = time.perf_counter()
-    first_decoded = threading.Event()  # as TTS.stream: the first decode gets both cores
-    for codes in run_ahead(start, hold=(opts.first_chunk, first_decoded)) if opts.pipeline else start(None):
-        n += 1
-        chunk = chunker.push(codes)
-        if chunk is not None:
-            first_decoded.set()
-            samples += len(chunk.samples)
-            ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
-    samples += len(chunker.flush().samples)
-    total = time.perf_counter() - t0
+    jiffies, c0, t0 = _busy_jiffies(), time.process_time(), time.perf_counter()
+    for chunk in tts.stream(opts.text, options=options, **bench_voice(parts.config)):
+        n += chunk.num_frames
+        samples += len(chunk.samples)
+        if ttfa is None and len(chunk.samples):
+            ttfa = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     foreign = foreign_cores(jiffies, _busy_jiffies(), total)
+    decoder = vocoder.streams[-1]
     bt, dt = backend.times, decoder.times
     per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
     accounted = sum(bt.values()) + dt.get("decode", 0.0)
@@ -179,12 +192,13 @@ def _one_run(parts, prompt, speaker, lp, opts: BenchOptions) -> dict:
         "prefill_ms": 1000.0 * bt.get("prefill", 0.0), "talker_ms": per(bt.get("talker", 0.0)),
         "predictor_ms": per(bt.get("predict_frame", 0.0)), "vocoder_ms": per(dt.get("decode", 0.0)),
         # two threads overlap: the components then add up to more than the wall time, no remainder
-        "other_ms": None if opts.pipeline else per(total - accounted + embeds),
+        "other_ms": None if opts.pipeline else per(total - accounted + embeds), "cpu_s": cpu,
+        "timed": (backend, decoder),
     }  # fmt: skip
 
 
 def _median(runs: list) -> dict:
-    out = {k: None if runs[0][k] is None else float(np.median([r[k] for r in runs])) for k in runs[0]}
+    out = {k: None if runs[0][k] is None else float(np.median([r[k] for r in runs])) for k in runs[0] if k != "timed"}
     out["frames_per_s"] = out["frames"] / out["total_s"]
     out["rtf"] = out["total_s"] / max(out["audio_s"], 1e-9)
     out["runs_total_s"] = [round(r["total_s"], 3) for r in runs]
@@ -196,17 +210,14 @@ def _median(runs: list) -> dict:
 def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -> dict:
     """Benchmark one plan (None = torch fp32) on ``model``; returns medians and settings."""
     from ..backends import open as open_components
-    from ..export.verify import reference_prompt
 
     gc.collect()  # the previous plan's sessions are gone before this plan's peak is measured
     reset_peak_rss()
     t0 = time.perf_counter()
     parts = open_components(model, plan=plan, threads=opts.threads)
-    prompt, speaker = reference_prompt(parts, opts.text)
     load_s = time.perf_counter() - t0
-    _one_run(parts, prompt, speaker, _loop_params(parts.config, 4, opts.seed), opts)  # warm-up (sessions, caches)
-    lp = _loop_params(parts.config, opts.frames, opts.seed)
-    runs = [_one_run(parts, prompt, speaker, lp, opts) for _ in range(opts.repeats)]
+    one_run(parts, 4, opts)  # warm-up (sessions, caches)
+    runs = [one_run(parts, opts.frames, opts) for _ in range(opts.repeats)]
     result = _median(runs)
     mode = f"{parts.config.tts_model_size}, {'pipelined' if opts.pipeline else 'serial'}"  # e.g. "0b6, pipelined"
     result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
