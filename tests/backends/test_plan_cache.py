@@ -266,7 +266,7 @@ def test_torch_free_install_uses_a_cached_bundle(built, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QTTS_PLAN"}
     wav = str(tmp_path / "out.wav")
     cmd = [sys.executable, "-c", BLOCK_TORCH, "say", "Hello.", "-m", snapshot, "--speaker", "serena",
-           "--seed", "1", "--max-frames", "4", "-o", wav]  # fmt: skip
+           "--seed", "1", "--max-frames", "4", "--force", "-o", wav]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(env, QTTS_CACHE=root))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "plan=fast" in proc.stderr and os.path.getsize(wav) > 44
