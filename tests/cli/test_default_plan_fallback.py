@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 
 import pytest
@@ -49,6 +50,21 @@ def test_default_plan_falls_back_to_torch_with_one_warning(differing_rope, tmp_p
     assert REFUSAL in warnings[0] and "torch" in warnings[0]
     data, rate = sf.read(str(out))
     assert rate == 24000 and len(data) == 4 * 1920
+
+
+def test_the_refusal_is_remembered_until_cache_rm_all(differing_rope, tmp_path, monkeypatch, caplog, capsys):
+    from qtts.backends import cache
+
+    assert _say(differing_rope, tmp_path / "a.wav") == 0
+    monkeypatch.setattr(cache, "build", lambda *a, **k: pytest.fail("the refused build was tried again"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert _say(differing_rope, tmp_path / "b.wav") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and REFUSAL in warnings[0], warnings
+    assert main(["cache", "rm", "--all"]) == 0
+    assert "forgot the exporter's refusal" in capsys.readouterr().out
+    assert not [n for n in os.listdir(cache.bundles_dir()) if n.endswith(cache.REFUSED)]
 
 
 def test_an_explicit_preset_still_fails(differing_rope, tmp_path, capsys):

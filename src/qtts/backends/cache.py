@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from ..errors import InputError, QttsError
+from .bundle import fingerprint
 from .plan import Plan
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ ENV_CACHE, ENV_PLAN, ENV_NO_BUILD = "QTTS_CACHE", "QTTS_PLAN", "QTTS_NO_BUILD"
 FORMAT = 1
 INFO = "cache.json"  # beside plan.json: what the cache knows of the bundle (preset, checkpoint, versions)
 INSTALL_EXPORT = 'pip install -e ".[export]"'
+#: ``bundles/<key>.refused``: why the exporter refused that checkpoint; the default plan then runs
+#: torch without trying again (the key changes with qtts and onnxruntime; ``qtts cache rm --all`` removes it)
+REFUSED = ".refused"
 
 
 @dataclass(frozen=True)
@@ -172,16 +176,31 @@ def _default(snapshot: str, no_build, listeners):
                     "torch fp32 reference (slow); %s builds the fast plan once (--plan torch: no notice)",
                     DEFAULT_PRESET, snapshot, missing, INSTALL_EXPORT)
         return Plan()
-    if env_no_build() if no_build is None else no_build:
+    marker = os.path.join(bundles_dir(), f"{cache_key(fingerprint(snapshot), DEFAULT_PRESET)}{REFUSED}")
+    refusal = _read_text(marker)
+    if refusal is None and (env_no_build() if no_build is None else no_build):
         return bundle_plan(snapshot, DEFAULT_PRESET, no_build=True)  # the error naming qtts cache build
+    if refusal is None:
+        try:
+            return build(snapshot, DEFAULT_PRESET, listeners)
+        except InputError as exc:  # the exporter refuses this checkpoint (torch is there: export_missing is None)
+            if missing:
+                raise
+            refusal = str(exc)
+            with contextlib.suppress(OSError):  # remembered, so the next load does not try again
+                with open(marker, "w", encoding="utf-8") as fh:
+                    fh.write(refusal)
+    log.warning("qtts: the '%s' plan cannot be built for %s (%s): running the torch fp32 reference (slow); "
+                "--plan torch: no notice", DEFAULT_PRESET, snapshot, refusal)
+    return Plan()
+
+
+def _read_text(path: str) -> str | None:
     try:
-        return build(snapshot, DEFAULT_PRESET, listeners)
-    except InputError as exc:  # the exporter refuses this checkpoint (torch is there: export_missing is None)
-        if missing:
-            raise
-        log.warning("qtts: the '%s' plan cannot be built for %s (%s): running the torch fp32 reference "
-                    "(slow); --plan torch skips this attempt", DEFAULT_PRESET, snapshot, exc)
-        return Plan()
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def _has_torch() -> bool:
@@ -194,8 +213,6 @@ def _has_torch() -> bool:
 
 def find_bundle(snapshot: str, preset: str, root: str | None = None) -> str | None:
     """The plan.json of the cached bundle of ``preset`` for this checkpoint, or None."""
-    from .bundle import fingerprint
-
     path = os.path.join(bundles_dir(root), cache_key(fingerprint(snapshot), preset), "plan.json")
     return path if os.path.isfile(path) else None
 
@@ -254,8 +271,6 @@ def build(snapshot: str, preset: str, listeners: tuple = ()) -> str:
             f"extra ({INSTALL_EXPORT}), or pass --plan PATH/plan.json of an exported bundle"
             + ("" if missing == "torch" else ", or --plan torch")
         )
-    from .bundle import fingerprint
-
     key = cache_key(fingerprint(snapshot), preset)
     root = bundles_dir()
     try:
@@ -375,8 +390,6 @@ def _export(snapshot: str, preset: str, out: str, listeners: tuple) -> str:
     """Export ``preset`` into ``out`` in a child process with progress, and its cache info; returns ``out``."""
     from ..version import __version__
     from .build import run_child
-    from .bundle import fingerprint
-
     p = PRESETS[preset]
     info = {"preset": preset, "model": snapshot, "fingerprint": fingerprint(snapshot), "qtts_version": __version__,
             "format": FORMAT, "onnxruntime": runtime_version()}  # fmt: skip

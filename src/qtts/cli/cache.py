@@ -84,7 +84,7 @@ def run_build(args) -> int:
 def run_rm(args) -> int:
     from ..backends import snapshot_dir
     from ..backends.bundle import fingerprint
-    from ..backends.cache import PRESETS, preset_name
+    from ..backends.cache import PRESETS, REFUSED, bundles_dir, preset_name
 
     if not (args.keys or args.model or args.plan or args.all):
         raise InputError("say what to remove: KEY (from qtts cache ls), -m MODEL, --plan PRESET or --all")
@@ -106,6 +106,10 @@ def run_rm(args) -> int:
             shutil.rmtree(r["path"])
             removed += 1
             print(f"removed {r['key']} ({r['bytes'] / 1e6:.1f} MB, {r['preset']}, {r['model']})")
+    for name in sorted(os.listdir(bundles_dir())) if args.all and os.path.isdir(bundles_dir()) else []:
+        if name.endswith(REFUSED):  # the exporter's remembered refusals: the next default load tries again
+            os.remove(os.path.join(bundles_dir(), name))
+            print(f"forgot the exporter's refusal {name}")
     if not removed:
         print("nothing matched; qtts cache ls lists what is cached")
     return 0
