@@ -12,6 +12,7 @@ installs both).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -21,7 +22,9 @@ import pytest
 import soundfile as sf
 
 import qtts
+from qtts.text.words import split_words
 from support.server_util import start_server, wav_bytes
+from support.timestamps_util import PIECE_FRAMES, TEXT, ShortPieces, tiny_aligner
 
 CHROMIUM = "/usr/bin/chromium"
 # flags that work as root in a container; a fresh profile comes from Playwright's temp dir
@@ -164,10 +167,11 @@ def test_page_files_and_info_route(cv17):
         r = httpx.get(srv.url + "/")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in r.headers["content-security-policy"]
-        for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("icon.svg", "image/svg+xml")]:
+        for name, kind in [("app.js", "text/javascript"), ("words.js", "text/javascript"), ("style.css", "text/css"),
+                           ("icon.svg", "image/svg+xml")]:
             r = httpx.get(f"{srv.url}/ui/{name}")
             assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and r.content
-        for name in ("", "ui/app.js", "ui/style.css", "docs", "ui/docs.js"):  # nothing from a CDN or another origin
+        for name in ("", "ui/app.js", "ui/words.js", "ui/style.css", "docs", "ui/docs.js"):  # nothing from a CDN or another origin
             text = httpx.get(f"{srv.url}/{name}").text
             assert "http://" not in text and "https://" not in text, name
         info = httpx.get(srv.url + "/ui/info").json()
@@ -221,3 +225,76 @@ def test_serve_prints_a_page_address_a_browser_can_open():
     assert page_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
     assert page_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/"
     assert page_url("::", 8000) == "http://[::1]:8000/" and page_url("::1", 9) == "http://[::1]:9/"
+
+
+def test_page_highlights_words_as_they_play(browser, tiny_snapshot, tmp_path):
+    """Word timestamps on: the page asks for SSE with timestamps, shows the words and, as the player's
+    clock advances, highlights the word being played (the last one started), in order. The tiny
+    random aligner's classes are shrunk to 0.19 ms so its (arbitrary) times fall inside each 0.96 s
+    piece instead of at its end; the DOM is read at points of the playback clock."""
+    aligner = tmp_path / "aligner"
+    shutil.copytree(tiny_aligner(tmp_path), aligner)
+    config = json.loads((aligner / "config.json").read_text())
+    config["timestamp_segment_time"] = PIECE_FRAMES / 12.5 * 1000 / 5000
+    (aligner / "config.json").write_text(json.dumps(config))
+    tts = qtts.load(tiny_snapshot(kind="custom_voice"), threads=1, aligner=str(aligner))
+    srv, _ = start_server(ShortPieces(tts), max_frames=64)
+    try:
+        ctx, page, problems = open_page(browser, srv.url)
+        wait_js(page, "!document.getElementById('play').disabled")
+        assert page.inner_text("#timestamps-note") == "(per word)" and not page.is_visible("#words")
+        page.check("#timestamps")
+        page.select_option("#voice", "vivian")
+        page.fill("#text", TEXT)
+        page.click("#play")
+        points = _playback_points(page, lambda: screenshot(page, tmp_path, "web-page-words.png"))
+        wait_js(page, "!document.querySelector('#words .word.now')", timeout=10)  # cleared once the audio has played
+        last = page.evaluate("({...window.qtts.last, player: null})")
+        assert last["error"] is None and last["done"] and last["samples"] == 4 * PIECE_FRAMES * 1920
+        words = last["words"]
+        assert [w["text"] for w in words] == split_words(TEXT, "English") and {w["unit"] for w in words} == {"word"}
+        assert page.eval_on_selector_all("#words .word", "els => els.map(e => e.textContent)") == [
+            w["text"] for w in words]
+        starts = [w["start"] for w in words]
+
+        def following(i: int, known: int) -> float:  # when the word after i starts, as far as the page knew
+            return starts[i + 1] if i + 1 < known else float("inf")
+
+        # every highlight change: the last word started at that clock reading (of those known), in order
+        shown = [h for h in last["highlights"] if h["index"] >= 0]
+        for h in shown:
+            assert starts[h["index"]] <= h["t"] < following(h["index"], h["known"]), (h, words[h["index"]])
+        indices = [h["index"] for h in shown]
+        assert indices == sorted(set(indices)) and len(indices) >= 3, (indices, words)
+        # the DOM at points of the clock: the highlighted span is the word being played (one frame late at most)
+        lit = [p for p in points if p["index"] >= 0]
+        assert len(lit) >= 3 and [p["index"] for p in lit] == sorted(p["index"] for p in lit)
+        for p in lit:
+            i = p["index"]
+            assert p["text"] == words[i]["text"] and starts[i] - 0.1 <= p["t"] < following(i, p["known"]) + 0.1, (p, words[i])
+        assert problems == []
+        ctx.close()
+    finally:
+        srv.stop()
+
+
+def _playback_points(page, snap) -> list[dict]:
+    """Read the player's clock and the highlighted word every ~30 ms until the audio has played
+    (``snap()`` once, while a word is lit past the middle of the audio)."""
+    probe = """(() => {
+        const l = window.qtts.last, el = document.querySelector('#words .word.now');
+        if (!l || !l.player) return null;
+        return {t: l.player.position(), queued: l.player.queued, done: l.done, error: l.error, known: l.known,
+                index: el ? Number(el.dataset.i) : -1, text: el ? el.textContent : null};
+    })()"""
+    points, deadline = [], time.monotonic() + 90
+    while time.monotonic() < deadline:
+        p = page.evaluate(probe)
+        if p is not None:
+            points.append(p)
+            if snap is not None and p["index"] >= 0 and p["t"] > 2:
+                snap, _ = None, snap()
+            if p["error"] or (p["done"] and p["t"] >= p["queued"] - 1e-3):
+                return points
+        time.sleep(0.03)
+    raise AssertionError(f"the audio did not finish playing: {points[-3:]}")

@@ -3,7 +3,9 @@
 Plain HTML, CSS and JavaScript shipped in ``qtts/server/static/`` (no build step, nothing from
 a CDN). The page uses the public API only: ``GET /v1/voices``, ``POST /v1/voices`` (uploads) and
 ``POST /v1/audio/speech`` with ``response_format: "pcm"``, whose body it reads as a stream and
-schedules into WebAudio as it arrives. ``GET /ui/info`` tells it what the served model takes.
+schedules into WebAudio as it arrives; with "word timestamps" it asks for SSE with ``timestamps:
+true`` and highlights the word being played (``words.js``). ``GET /ui/info`` tells it what the
+served model takes (and whether its timestamps are per word or per text piece).
 
 ``/docs`` is the API reference: ``/openapi.json`` rendered by ``docs.js`` from the same folder
 (FastAPI's Swagger UI and ReDoc pages load their scripts from a CDN, so the app turns them off:
@@ -33,6 +35,7 @@ HEADERS = {
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "words.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
     "docs.html": "text/html; charset=utf-8",
@@ -50,8 +53,8 @@ def _serve(name: str) -> Response:
 
 
 #: the page's URLs and the file each one serves (GET, outside the API schema)
-ROUTES = {"/": "index.html", "/ui/app.js": "app.js", "/ui/style.css": "style.css", "/ui/icon.svg": "icon.svg",
-          "/docs": "docs.html", "/ui/docs.js": "docs.js"}  # fmt: skip
+ROUTES = {"/": "index.html", "/ui/app.js": "app.js", "/ui/words.js": "words.js", "/ui/style.css": "style.css",
+          "/ui/icon.svg": "icon.svg", "/docs": "docs.html", "/ui/docs.js": "docs.js"}  # fmt: skip
 
 
 def _route(name: str):

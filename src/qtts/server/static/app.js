@@ -1,5 +1,8 @@
 // qtts web page: POST /v1/audio/speech (response_format "pcm") read as a stream and played
-// through WebAudio while it arrives. Plain JavaScript, no build step, same-origin requests only.
+// through WebAudio while it arrives. With "word timestamps" the same request asks for SSE
+// (stream_format "sse", timestamps: true): base64 audio events and speech.words events, and the
+// word being played is highlighted from the player's clock. Plain JavaScript, no build step,
+// same-origin requests only.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -51,6 +54,8 @@ async function loadInfo() {
   $("instruct-note").textContent = info.instruct_required ? "(required)" : "(optional)";
   $("voice-field").hidden = info.model_type === "voice_design";
   $("upload-card").hidden = !(info.cloning && info.uploads);
+  $("timestamps-note").textContent = info.timestamps === "word" ? "(per word)"
+    : "(per sentence: the server has no forced aligner)";
   await loadVoices();
   $("play").disabled = false;
 }
@@ -97,6 +102,20 @@ class PcmPlayer {
     this.lead = 0.08;
     this.sources = new Set();
     this.played = 0; // seconds of audio whose buffer finished playing
+    this.queued = 0; // seconds of audio handed to push()
+    this.segments = []; // { at: context time it starts, from: stream seconds, dur }
+  }
+
+  // Seconds of the stream's audio played by now (-1 before the first buffer starts); a gap
+  // (an underrun) holds the position at the end of the buffer before it.
+  position() {
+    const now = this.ctx.currentTime;
+    let pos = -1;
+    for (const s of this.segments) {
+      if (s.at > now) break;
+      pos = s.from + Math.min(now - s.at, s.dur);
+    }
+    return pos;
   }
 
   push(samples) {
@@ -115,6 +134,8 @@ class PcmPlayer {
     source.start(start);
     this.sources.add(source);
     this.next = start + buffer.duration;
+    this.segments.push({ at: start, from: this.queued, dur: buffer.duration });
+    this.queued += buffer.duration;
   }
 
   stop() {
@@ -177,6 +198,7 @@ function request() {
   if (info.instruct && instruct) body.instructions = instruct;
   const speed = Number($("speed").value);
   if (speed !== 1) body.speed = speed;
+  if ($("timestamps").checked) Object.assign(body, { stream_format: "sse", timestamps: true });
   return body;
 }
 
@@ -198,8 +220,12 @@ async function play() {
   const player = new PcmPlayer(ctx);
   const abort = new AbortController();
   current = { abort, player };
-  const last = { bytes: 0, samples: 0, ttfa_ms: null, elapsed_ms: 0, done: false, error: null, player };
+  const last = { bytes: 0, samples: 0, ttfa_ms: null, elapsed_ms: 0, done: false, error: null, player,
+    words: [], highlights: [], known: 0 };
   window.qtts.last = last;
+  const body = request();
+  const view = new WordView($("words"), last);
+  $("words").hidden = !body.timestamps;
   $("play").textContent = "■ Stop";
   $("download").hidden = true;
   setStatus($("status"), "generating…");
@@ -207,10 +233,17 @@ async function play() {
   try {
     const resp = await fetch("v1/audio/speech", {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(request()), signal: abort.signal,
+      body: JSON.stringify(body), signal: abort.signal,
     });
     if (!resp.ok) throw new Error(await errorText(resp));
-    await receive(resp.body.getReader(), player, last, t0);
+    const sink = audioSink(player, last, t0);
+    if (body.timestamps) {
+      view.follow(player);
+      await receiveEvents(resp.body.getReader(), sink, view);
+    } else {
+      await receive(resp.body.getReader(), sink);
+    }
+    finish(sink, last, t0);
     last.done = true;
     setStatus($("status"), `done: ${(last.samples / RATE).toFixed(2)} s of audio`, "ok");
   } catch (e) {
@@ -222,34 +255,41 @@ async function play() {
   }
 }
 
-async function receive(reader, player, last, t0) {
+// Where PCM bytes go: the player, the stats and the download's parts.
+function audioSink(player, last, t0) {
   const decoder = new PcmDecoder();
   const parts = [];
+  return {
+    parts,
+    push(bytes) {
+      parts.push(bytes);
+      last.bytes += bytes.length;
+      const samples = decoder.push(bytes);
+      if (!samples.length) return;
+      if (last.ttfa_ms === null) last.ttfa_ms = performance.now() - t0;
+      last.samples += samples.length;
+      player.push(samples);
+      last.elapsed_ms = performance.now() - t0;
+      showStats(last);
+    },
+  };
+}
+
+async function receive(reader, sink) {
   for (;;) {
     const { done, value } = await reader.read();
-    if (done) break;
-    parts.push(value);
-    last.bytes += value.length;
-    const samples = decoder.push(value);
-    if (!samples.length) continue;
-    if (last.ttfa_ms === null) last.ttfa_ms = performance.now() - t0;
-    last.samples += samples.length;
-    player.push(samples);
-    last.elapsed_ms = performance.now() - t0;
-    showStats(last);
+    if (done) return;
+    sink.push(value);
   }
+}
+
+function finish(sink, last, t0) {
   last.elapsed_ms = performance.now() - t0;
   showStats(last);
   const link = $("download");
   if (link.href) URL.revokeObjectURL(link.href);
-  link.href = URL.createObjectURL(wavBlob(parts, Math.floor(last.bytes / 2)));
+  link.href = URL.createObjectURL(wavBlob(sink.parts, Math.floor(last.bytes / 2)));
   link.hidden = false;
-}
-
-function stopPlaying(why) {
-  current.abort.abort();
-  current.player.stop();
-  setStatus($("status"), why);
 }
 
 // -- uploads ------------------------------------------------------------------------------------
