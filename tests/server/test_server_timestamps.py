@@ -76,6 +76,7 @@ def test_sse_word_events_follow_their_audio(word_server):
     for e in events[:-1]:
         assert e["type"] in ("speech.audio.delta", "speech.words"), e
         if e["type"] == "speech.audio.delta":
+            assert e["audio"], "an empty audio delta"
             audio += base64.b64decode(e["audio"])
             heard_s = len(audio) / 2 / 24000
         else:

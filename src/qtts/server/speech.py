@@ -209,15 +209,14 @@ def _produce(plan: SpeechPlan, metrics):
                 stats["finish_reason"] = "length" if capped else chunk.finish_reason
                 data, pending = pending + writer.write(samples), b""
                 stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
-                yield (data, heard(chunk.words, stats["audio_s"])) if plan.timestamps else data
+                yield _item(plan, data, chunk.words, stats["audio_s"])
                 if capped and not plan.timestamps:
                     break
                 if capped:
                     cut.set()
             if not cancel.is_set():
                 stats["completed"] = True
-                tail = pending + writer.finish()
-                yield (tail, []) if plan.timestamps else tail
+                yield _item(plan, pending + writer.finish(), [], 0.0)
         finally:
             stream.close()
             stats["gen_s"] = time.perf_counter() - t_start
@@ -225,6 +224,15 @@ def _produce(plan: SpeechPlan, metrics):
             _record(stats, metrics)
 
     return run
+
+
+def _item(plan: SpeechPlan, data: bytes, words, audio_s: float):
+    """What the worker hands on: the bytes, or with timestamps (bytes, the words heard by ``audio_s``);
+    b"" (skipped) when there is neither."""
+    if not plan.timestamps:
+        return data
+    heard_words = heard(words, audio_s)
+    return (data, heard_words) if data or heard_words else b""
 
 
 def _with_cancel(options, cancel):
