@@ -141,3 +141,58 @@ def test_the_fair_share_orders_by_slots_held_then_recent_use():
     served = asyncio.run(run())
     assert served[:2] == ["b", "c"], served
     assert served[2:] == ["a", "a'"], served
+
+
+def test_a_freed_slot_goes_to_another_address_before_its_own():
+    """B used the one slot lately (it is the heavier address) and waits; A, lighter, holds the
+    slot and has two more requests queued. When A's request ends, the slot goes to B: A still
+    counts it at the hand-over, so its own queue goes after every other address's waiter (before:
+    A held nothing once it gave the slot back and had used less, so its queued requests took the
+    slot back one after another while B waited behind all of them). Wyoming's turns likewise."""
+    from qtts.server.shares import Turns
+
+    async def scheduled() -> list[str]:
+        sched = Scheduler(["s1"], max_queue=8, queue_timeout_s=30, metrics=ServerMetrics())
+        slot, served = await sched.acquire(owner="B"), []
+        await asyncio.sleep(0.2)
+        sched.release(slot, "B")  # B: 0.2 slot-seconds lately, A: none
+        held = await sched.acquire(owner="A")
+
+        async def take(name: str, owner: str) -> None:
+            got = await sched.acquire(owner=owner)
+            served.append(name)
+            await asyncio.sleep(0.01)
+            sched.release(got, owner)
+
+        tasks = []
+        for name, owner in (("a1", "A"), ("a2", "A"), ("b", "B")):
+            tasks.append(asyncio.ensure_future(take(name, owner)))
+            await asyncio.sleep(0.01)
+        sched.release(held, "A")
+        await asyncio.gather(*tasks)
+        sched.shutdown()
+        return served
+
+    async def turned() -> list[str]:
+        turns, served = Turns(), []
+        await turns.take("B")
+        await asyncio.sleep(0.2)
+        turns.give("B")
+        await turns.take("A")
+
+        async def take(name: str, owner: str) -> None:
+            await turns.take(owner)
+            served.append(name)
+            await asyncio.sleep(0.01)
+            turns.give(owner)
+
+        tasks = []
+        for name, owner in (("a1", "A"), ("a2", "A"), ("b", "B")):
+            tasks.append(asyncio.ensure_future(take(name, owner)))
+            await asyncio.sleep(0.01)
+        turns.give("A")
+        await asyncio.gather(*tasks)
+        return served
+
+    assert asyncio.run(scheduled()) == ["b", "a1", "a2"]
+    assert asyncio.run(turned()) == ["b", "a1", "a2"]

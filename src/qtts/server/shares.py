@@ -54,8 +54,9 @@ class Shares:
 
 class Turns:
     """One resource taken in turns: a free one goes at once; a freed one goes to the waiter whose
-    address has the smallest :meth:`Shares.key` (holds least now, then held least lately), then the
-    longest waiting. Use from the event-loop thread only."""
+    address has the smallest :meth:`Shares.key` (holds least now, the address giving it back still
+    counting it; then held least lately), then the longest waiting. Use from the event-loop thread
+    only."""
 
     def __init__(self):
         self.shares = Shares()
@@ -83,15 +84,16 @@ class Turns:
             raise
 
     def give(self, owner: str) -> None:
-        """``owner`` is done with it: to the next waiter by the fair share, or free."""
-        self.shares.give(owner)
+        """``owner`` is done with it: to the next waiter by the fair share (chosen while ``owner``
+        still counts it, so it goes back to ``owner`` only when no other address waits), or free."""
         now = time.monotonic()
         live = [w for w in self._waiters if not w[2].done()]
         self._waiters = live
-        if not live:
+        nxt = min(live, key=lambda w: (*self.shares.key(w[1], now), w[0]), default=None)
+        self.shares.give(owner)
+        if nxt is None:
             self.busy = False
             return
-        nxt = min(live, key=lambda w: (*self.shares.key(w[1], now), w[0]))
         self._waiters.remove(nxt)
         self.shares.take(nxt[1])
         nxt[2].set_result(None)

@@ -7,9 +7,10 @@
   utterance: its listener already has audio) goes after every *first* waiter (a new request, a
   session's first utterance) until it has waited ``PROMOTE_S``.
   **Fair share by client address** (the ``owner`` of a waiter): among the waiters the rule above
-  lets go, a freed slot goes to the address that holds the fewest slots now, then to the one that
-  held slots for the fewest seconds lately (decaying with ``SHARE_TAU_S``), then first come, first
-  served; so one address with many requests never makes another address wait behind all of them.
+  lets go, a freed slot goes to the address that holds the fewest slots now (the address giving it
+  back still counts it), then to the one that held slots for the fewest seconds lately (decaying
+  with ``SHARE_TAU_S``), then first come, first served; so one address with many requests never
+  makes another address wait behind all of them, even one that used more lately.
   When the queue is full, a newcomer from an address with nothing queued takes the place of the
   newest waiter of the address with the most queued (at least 2; that waiter gets the 429), so one
   address cannot fill the queue for everyone. All scheduler state lives on the event-loop thread;
@@ -186,9 +187,10 @@ class Scheduler:
         self.release(slot, owner)
 
     def release(self, slot, owner: str = NOBODY) -> None:
-        """Give back a slot that ``owner`` took."""
-        self.shares.give(owner)
+        """Give back a slot that ``owner`` took. The next waiter is chosen while ``owner`` still
+        counts it, so a freed slot goes back to its own address only when no other address waits."""
         waiter = self._next_waiter()
+        self.shares.give(owner)
         if waiter is not None:
             self._waiters.remove(waiter)
             self.shares.take(waiter.owner)
