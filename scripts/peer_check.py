@@ -91,7 +91,7 @@ def qtts_reference(args) -> int:
     from dataclasses import replace
 
     from qtts import backends
-    from qtts.export.verify import _generate, greedy_params
+    from qtts.export.verify import generate_codes, greedy_params
     from qtts.options import SamplingParams
     from qtts.text.prompt import Mode, build_prompt
 
@@ -105,7 +105,7 @@ def qtts_reference(args) -> int:
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     # the peer's greedy path is a plain argmax: no repetition penalty on either stage
     lp = replace(greedy_params(cfg, args.frames), talker=greedy, predictor=greedy)
-    codes = _generate(parts.backend, prompt, lp, None if speakers else spk)
+    codes = generate_codes(parts.backend, prompt, lp, None if speakers else spk)
     stream = parts.vocoder.stream()
     pcm = stream.decode(codes) if len(codes) else np.zeros(0, np.float32)
     np.savez(args.qtts_reference, codes=codes, pcm=np.asarray(pcm, np.float32))

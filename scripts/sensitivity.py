@@ -39,13 +39,13 @@ def _noisy(weight: torch.Tensor, snr_db: float, gen: torch.Generator) -> torch.T
 
 def _run(graph, cfg, embeds: torch.Tensor):
     from qtts.export.contrib import rope_tables
-    from qtts.export.graphs import _run_layers
+    from qtts.export.graphs import run_layers
 
     t = embeds.shape[1]
     cos, sin = rope_tables(t, cfg.head_dim, cfg.rope_theta)
     past = [torch.zeros(1, cfg.num_key_value_heads, t, cfg.head_dim) for _ in range(2 * cfg.num_hidden_layers)]
     x = graph.rotation(embeds)
-    h, _ = _run_layers(graph.layers, x, past, torch.tensor([t - 1], dtype=torch.int32),
+    h, _ = run_layers(graph.layers, x, past, torch.tensor([t - 1], dtype=torch.int32),
                        torch.tensor(t, dtype=torch.int32), cos, sin, graph.norm)  # fmt: skip
     return torch.matmul(h, graph.head)[0]  # [T, vocab]
 

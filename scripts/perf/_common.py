@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from qtts.tools.bench import _busy_jiffies, foreign_cores
+from qtts.tools.bench import busy_jiffies, foreign_cores
 
 
 def interleaved(variants: dict, rounds: int, inner: int = 1, warmup: int = 1) -> dict:
@@ -34,7 +34,7 @@ def interleaved(variants: dict, rounds: int, inner: int = 1, warmup: int = 1) ->
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             fn = variants[name]
-            j0 = _busy_jiffies()
+            j0 = busy_jiffies()
             c0 = time.process_time()
             t0 = time.perf_counter()
             for _ in range(inner):
@@ -42,7 +42,7 @@ def interleaved(variants: dict, rounds: int, inner: int = 1, warmup: int = 1) ->
             dt = time.perf_counter() - t0
             out[name]["cpu"].append(1000.0 * (time.process_time() - c0) / inner)
             out[name]["ms"].append(1000.0 * dt / inner)
-            out[name]["foreign"].append(foreign_cores(j0, _busy_jiffies(), dt))
+            out[name]["foreign"].append(foreign_cores(j0, busy_jiffies(), dt))
     return out
 
 

@@ -61,12 +61,12 @@ def frame_runner(path: str, threads: int, hidden: int):
 def talker_runner(path: str, threads: int, hidden: int, layers: int, kv_heads: int = 8, head_dim: int = 128):
     import onnxruntime as ort
 
-    from qtts.backends.onnx import _KVBinding, session_options
+    from qtts.backends.onnx import KVBinding, session_options
     from qtts.export.contrib import rope_tables
 
     cos, sin = (t.numpy() for t in rope_tables(256, head_dim, 1e6))
     session = ort.InferenceSession(path, session_options(threads), providers=["CPUExecutionProvider"])
-    state = _KVBinding(session, layers, (1, kv_heads, 256, head_dim), cos, sin, ["logits", "hidden"])
+    state = KVBinding(session, layers, (1, kv_heads, 256, head_dim), cos, sin, ["logits", "hidden"])
     x = np.random.default_rng(0).standard_normal((1, 1, hidden)).astype(np.float32) * 0.1
     return lambda: state.run(x, 40)
 

@@ -50,7 +50,7 @@ def profile_session(path: str, threads: int, run_fn, runs: int, extra_cfg: dict 
 
 
 def talker_runner(bundle: str, pos: int, hidden: int):
-    from qtts.backends.onnx import _KVBinding
+    from qtts.backends.onnx import KVBinding
 
     man = json.load(open(os.path.join(bundle, "manifest.json"), encoding="utf-8"))
     t = man["graphs"]["talker"]
@@ -64,7 +64,7 @@ def talker_runner(bundle: str, pos: int, hidden: int):
 
     def run(s, state):
         if state is None:
-            state = _KVBinding(s, t["layers"], (1, t["kv_heads"], kv_len, t["head_dim"]), cos, sin, ["logits", "hidden"])
+            state = KVBinding(s, t["layers"], (1, t["kv_heads"], kv_len, t["head_dim"]), cos, sin, ["logits", "hidden"])
         state.run(x, pos)
         return state
 

@@ -65,7 +65,7 @@ def open_session(path: str, threads: int | None = None, spinning: bool = False, 
     return ort.InferenceSession(path, options or session_options(threads, spinning), providers=["CPUExecutionProvider"])
 
 
-class _KVBinding:
+class KVBinding:
     """Preallocated per-layer KV OrtValues bound as GQA past *and* present of one session."""
 
     def __init__(self, session, layers: int, shape: tuple, cos: np.ndarray, sin: np.ndarray, outputs: list):
@@ -150,7 +150,7 @@ class OnnxBackend:
         return np.stack(parts, axis=1).sum(axis=1, dtype=np.float32)
 
     # -- talker ----------------------------------------------------------------------------------------
-    def new_state(self, max_len: int) -> _KVBinding:
+    def new_state(self, max_len: int) -> KVBinding:
         """One generation's talker KV: preallocated OrtValues and their I/O binding."""
         t = self.meta["talker"]
         max_len = int(max_len)
@@ -159,9 +159,9 @@ class OnnxBackend:
         shape = (1, t["kv_heads"], max_len, t["head_dim"])
         cos = np.ascontiguousarray(self.rope_cos[:max_len])
         sin = np.ascontiguousarray(self.rope_sin[:max_len])
-        return _KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
+        return KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
 
-    def talker(self, embeds: np.ndarray, pos: int, state: _KVBinding):
+    def talker(self, embeds: np.ndarray, pos: int, state: KVBinding):
         x = np.ascontiguousarray(np.asarray(embeds, dtype=np.float32)[None])
         logits, hidden = state.run(x, int(pos))[:2]
         return logits.numpy()[0], hidden.numpy()[0], state
@@ -205,7 +205,7 @@ class OnnxBackend:
             shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
             cos = np.ascontiguousarray(self.rope_cos[: p["max_len"]])
             sin = np.ascontiguousarray(self.rope_sin[: p["max_len"]])
-            self._pred_binding = _KVBinding(self.predictor_sess, p["layers"], shape, cos, sin, [])
+            self._pred_binding = KVBinding(self.predictor_sess, p["layers"], shape, cos, sin, [])
         binding = self._pred_binding
         h = np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1)
 

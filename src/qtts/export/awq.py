@@ -93,7 +93,7 @@ def calibration_run(talker, snapshot: str, texts=CALIBRATION_TEXTS, frames: int 
     from ..backends.torch import TorchBackend
     from ..config import ModelConfig
     from ..text.tokenizer import TextTokenizer
-    from .verify import _generate, greedy_params, reference_prompt
+    from .verify import generate_codes, greedy_params, reference_prompt
 
     parts = SimpleNamespace(config=ModelConfig.from_dir(snapshot, speech_tokenizer=False),
                             tokenizer=TextTokenizer.from_dir(snapshot))  # fmt: skip
@@ -103,7 +103,7 @@ def calibration_run(talker, snapshot: str, texts=CALIBRATION_TEXTS, frames: int 
     def run():
         for text in texts:
             prompt, speaker = reference_prompt(parts, text)
-            _generate(backend, prompt, lp, speaker)
+            generate_codes(backend, prompt, lp, speaker)
 
     return run
 

@@ -90,7 +90,7 @@ def fused_layers(layers, cfg) -> nn.ModuleList:
     )
 
 
-def _run_layers(layers, x, pasts, seqlens_k, total_len, cos, sin, norm):
+def run_layers(layers, x, pasts, seqlens_k, total_len, cos, sin, norm):
     """The decoder stack, then ``norm`` -> (normed hidden of every position, presents)."""
     presents, skip = [], None
     for i, layer in enumerate(layers):
@@ -127,7 +127,7 @@ class TalkerGraph(nn.Module):
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
         x = embeds if self.rotation is None else self.rotation(embeds)
-        h, presents = _run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
+        h, presents = run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
         if self.rotation is None:
             hidden = h[:, -1]  # [1, H]
             return (torch.matmul(hidden, self.head), hidden, *presents)
@@ -161,7 +161,7 @@ class PredictorStepGraph(nn.Module):
         x = self.proj(embeds)
         if self.rotation is not None:
             x = self.rotation(x)
-        return _run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
+        return run_layers(self.layers, x, pasts, seqlens_k, total_len, cos_cache, sin_cache, self.norm)
 
     def forward(self, embeds, seqlens_k, total_len, cos_cache, sin_cache, *pasts):
         h, presents = self.run(embeds, pasts, seqlens_k, total_len, cos_cache, sin_cache)

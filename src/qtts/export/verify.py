@@ -86,7 +86,7 @@ def greedy_params(config, frames: int, **kw):
                                  watchdog=None, **kw)  # fmt: skip
 
 
-def _generate(backend, prompt, lp, speaker) -> np.ndarray:
+def generate_codes(backend, prompt, lp, speaker) -> np.ndarray:
     from ..engine.generate import generate
 
     frames = list(generate(backend, prompt, lp, speaker))
@@ -216,8 +216,8 @@ def verify_plan(
     ref_be = TorchBackend(checkpoint.model.talker, threads=threads)
     prompt, speaker = reference_prompt(parts, text)
     lp = greedy_params(parts.config, frames)
-    ref_codes = _generate(ref_be, prompt, lp, speaker)
-    test_codes = _generate(parts.backend, prompt, lp, speaker)
+    ref_codes = generate_codes(ref_be, prompt, lp, speaker)
+    test_codes = generate_codes(parts.backend, prompt, lp, speaker)
     n = max(len(ref_codes), len(test_codes))
     equal = sum(1 for a, b in zip(ref_codes, test_codes) if np.array_equal(a, b))
     report = {

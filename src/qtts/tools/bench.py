@@ -130,7 +130,7 @@ def rss_mb() -> float:
         return peak_rss_mb()
 
 
-def _busy_jiffies() -> tuple[int, int]:
+def busy_jiffies() -> tuple[int, int]:
     """(busy jiffies of the whole machine, jiffies of this process); (0, 0) where /proc is missing."""
     try:
         with open("/proc/stat", encoding="ascii") as fh:
@@ -143,7 +143,7 @@ def _busy_jiffies() -> tuple[int, int]:
 
 
 def foreign_cores(before: tuple, after: tuple, seconds: float) -> float:
-    """CPU cores used by *other* processes between two :func:`_busy_jiffies` samples."""
+    """CPU cores used by *other* processes between two :func:`busy_jiffies` samples."""
     hz = os.sysconf("SC_CLK_TCK")
     busy = (after[0] - before[0]) - (after[1] - before[1])
     return max(0.0, busy / hz / max(seconds, 1e-9))
@@ -174,14 +174,14 @@ def one_run(parts, frames: int, opts: BenchOptions) -> dict:
     options = SynthesisOptions(max_frames=frames, seed=opts.seed, first_chunk_frames=opts.first_chunk,
                                chunk_frames=opts.chunk, pipeline=opts.pipeline, split_sentences=False)  # fmt: skip
     n, ttfa, samples = 0, None, 0
-    jiffies, c0, t0 = _busy_jiffies(), time.process_time(), time.perf_counter()
+    jiffies, c0, t0 = busy_jiffies(), time.process_time(), time.perf_counter()
     for chunk in tts.stream(opts.text, options=options, **bench_voice(parts.config)):
         n += chunk.num_frames
         samples += len(chunk.samples)
         if ttfa is None and len(chunk.samples):
             ttfa = time.perf_counter() - t0
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
-    foreign = foreign_cores(jiffies, _busy_jiffies(), total)
+    foreign = foreign_cores(jiffies, busy_jiffies(), total)
     decoder = vocoder.streams[-1]
     bt, dt = backend.times, decoder.times
     per = lambda s: 1000.0 * s / max(n, 1)  # noqa: E731
@@ -259,14 +259,14 @@ def bench_official(model: str, opts: BenchOptions) -> dict:
 
     def run(frames: int) -> tuple:
         torch.manual_seed(opts.seed)
-        jiffies = _busy_jiffies()
+        jiffies = busy_jiffies()
         t = time.perf_counter()
         with torch.no_grad():
             codes, _ = w.model.generate(max_new_tokens=frames + 1, **call)
             t_gen = time.perf_counter() - t
             wavs, _sr = w.model.speech_tokenizer.decode([{"audio_codes": c} for c in codes])
         total = time.perf_counter() - t
-        return t_gen, total, len(codes[0]), len(wavs[0]), foreign_cores(jiffies, _busy_jiffies(), total)
+        return t_gen, total, len(codes[0]), len(wavs[0]), foreign_cores(jiffies, busy_jiffies(), total)
 
     run(4)
     runs = [run(opts.frames) for _ in range(opts.repeats)]

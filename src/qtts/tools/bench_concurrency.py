@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import TEXT, _busy_jiffies, foreign_cores, rss_mb
+from .bench import TEXT, busy_jiffies, foreign_cores, rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def run_round(engines: list, k: int, opts: ConcurrencyOptions, frames: int | Non
                for i in range(k)]  # fmt: skip
     for t in threads:
         t.start()
-    jiffies = _busy_jiffies()
+    jiffies = busy_jiffies()
     barrier.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -99,7 +99,7 @@ def run_round(engines: list, k: int, opts: ConcurrencyOptions, frames: int | Non
     wall = time.perf_counter() - t0
     if any(o is None for o in out):
         raise RuntimeError("a benchmark stream failed (see the log)")
-    return {"wall_s": wall, "streams": out, "foreign_cores": foreign_cores(jiffies, _busy_jiffies(), wall)}
+    return {"wall_s": wall, "streams": out, "foreign_cores": foreign_cores(jiffies, busy_jiffies(), wall)}
 
 
 def _load(model: str, plan, threads: int, max_batch: int = 1):
