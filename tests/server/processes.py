@@ -39,6 +39,7 @@ class Served:
     port: int
     log_path: str
     host: str = "127.0.0.1"
+    output: str = ""  # what it wrote (stdout and stderr), once it has stopped
 
     @property
     def url(self) -> str:
@@ -65,15 +66,17 @@ def _ready(kind: str, port: int) -> bool:
 
 
 @contextlib.contextmanager
-def served(kind: str, model: str, *args: str, ready_s: float = 180.0) -> Iterator[Served]:
+def served(kind: str, model: str, *args: str, ready_s: float = 180.0, env: dict | None = None) -> Iterator[Served]:
     """``qtts serve`` (``kind="serve"``, ready when /health answers 200) or ``qtts wyoming``
-    (ready when it accepts a connection) on ``model`` with the CLI ``args``; stopped with SIGTERM
-    (killed after 30 s) when the block ends."""
+    (ready when it accepts a connection) on ``model`` with the CLI ``args`` and ``env`` (default:
+    this process's); stopped with SIGTERM (killed after 30 s) when the block ends, then its output
+    is in ``Served.output``."""
     port = free_port()
     where = ["--port", str(port), "--no-access-log"] if kind == "serve" else ["--uri", f"tcp://127.0.0.1:{port}"]
     cmd = [sys.executable, "-m", "qtts", kind, "--model", model, "--threads", "1", *where, *args]
     log = tempfile.NamedTemporaryFile("w", prefix=f"qtts-{kind}-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ) if env is None else env)
     srv = Served(proc, port, log.name)
     try:
         deadline = time.monotonic() + ready_s
@@ -90,4 +93,5 @@ def served(kind: str, model: str, *args: str, ready_s: float = 180.0) -> Iterato
             proc.kill()
             proc.wait(30)
         log.close()
+        srv.output = srv.log_tail(1 << 20)
         os.unlink(log.name)
