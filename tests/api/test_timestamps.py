@@ -165,3 +165,17 @@ def test_auto_language_picks_the_word_split():
     assert word_language("auto", "안녕하세요") == "korean"
     assert word_language("auto", "你好 world") == "auto"
     assert word_language("English", "こんにちは") == "english"
+
+
+def test_the_aligner_thread_yields_to_the_generation():
+    import os
+    import threading
+
+    from qtts.align.runtime import ALIGNER_NICE, AlignerWorker
+
+    worker = AlignerWorker(None)
+    try:
+        nice = worker.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+    finally:
+        worker.close()
+    assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + ALIGNER_NICE) > os.getpriority(os.PRIO_PROCESS, 0)
