@@ -160,11 +160,14 @@ def ws_session(url: str, session: dict, deltas: list[str], pause: float = 0.0) -
 
     out: list[tuple[str, object]] = []
     with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.update", "session": session}))
-        for delta in deltas:
-            ws.send(json.dumps({"type": "text.delta", "delta": delta}))
-            time.sleep(pause)  # (a pause longer than the utterance gap ends an utterance)
-        ws.send(json.dumps({"type": "text.done"}))
+        try:  # (a server that refuses the session closes it; what it sent is read below)
+            ws.send(json.dumps({"type": "session.update", "session": session}))
+            for delta in deltas:
+                ws.send(json.dumps({"type": "text.delta", "delta": delta}))
+                time.sleep(pause)  # (a pause longer than the utterance gap ends an utterance)
+            ws.send(json.dumps({"type": "text.done"}))
+        except ConnectionClosed:
+            pass
         try:
             while True:
                 msg = ws.recv(timeout=120)
@@ -273,3 +276,27 @@ def test_serve_refuses_an_aligner_folder_without_a_snapshot(tmp_path):
             check_aligner(str(bad))
     check_aligner(None)
     check_aligner("Qwen/Qwen3-ForcedAligner-0.6B")  # a hub id: resolved by the loader
+
+
+def test_a_found_aligner_that_cannot_load_leaves_the_server_serving(cv, tmp_path, monkeypatch, caplog):
+    """$QTTS_ALIGNER names a broken snapshot and no --aligner was given: the server serves speech,
+    logs why word timestamps are off, says "piece", and a request or session with timestamps gets 503
+    and the reason."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    monkeypatch.setenv("QTTS_ALIGNER", str(broken))
+    with caplog.at_level("WARNING", logger="qtts.server.speech_words"):
+        srv, _ = start_server(qtts.load(cv, threads=1), max_frames=4)
+    try:
+        assert "cannot be loaded" in caplog.text
+        assert httpx.get(srv.url + "/health").json()["model"]["timestamps"] == "piece"
+        assert httpx.post(srv.url + "/v1/audio/speech", json=BODY, timeout=60).status_code == 200
+        r = httpx.post(srv.url + "/v1/audio/speech", json={**BODY, "timestamps": True}, timeout=60)
+        err = assert_error(r, 503, "word timestamps are unavailable", "thinker_config")
+        assert err["code"] == "timestamps_unavailable" and err["param"] == "timestamps"
+        items = ws_session(srv.url, LIVE, ["Hi."])
+        error = events_of(items, "error")["error"]
+        assert error["code"] == "timestamps_unavailable" and "thinker_config" in error["message"]
+    finally:
+        srv.stop()

@@ -172,7 +172,8 @@ def _load_engines(args, state) -> None:
         else:
             engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, aligner=args.aligner)
                        for _ in range(k)]  # fmt: skip
-        (engines if batch > 1 else engines[0]).aligner  # noqa: B018 (loads the aligner, if any, before "ready")
+        if args.aligner:  # named: loaded before "ready", a failure is the load error (else: qtts.server.speech_words)
+            (engines if batch > 1 else engines[0]).aligner  # noqa: B018
     except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
         log.error("qtts: cannot load %s: %s", args.model, exc)
         state.set_load_error(str(exc))

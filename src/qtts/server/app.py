@@ -62,6 +62,7 @@ class ServerState:
         self.load_error: str | None = None
         self.building: str | None = None  # "building plan 'fast', 42 % (talker)" while a bundle is built
         self.timestamps = "piece"  # what word timestamps time: "word" (a forced aligner) or "piece"
+        self.timestamps_error: str | None = None  # why a found aligner cannot be loaded (speech_words)
         self._observer = None
         self.live_clients: dict[str, int] = {}  # open live sessions per client address (event loop only)
         self.started = time.time()
@@ -81,7 +82,7 @@ class ServerState:
 
         timestamps = timestamp_level(slots[0])  # loads the aligner now, not on the first request
         with self._lock:
-            self.timestamps = timestamps
+            self.timestamps, self.timestamps_error = timestamps
             self.scheduler = Scheduler(slots, self.settings.max_queue, self.settings.queue_timeout_s,
                                        self.metrics)
             self.engine = slots[0]

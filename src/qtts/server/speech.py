@@ -24,7 +24,7 @@ from .formats import MEDIA_TYPES, open_format
 from .live_limits import capped_chunk
 from .responses import JobStreamingResponse
 from .speech_words import HEADER as TIMESTAMPS_HEADER
-from .speech_words import heard, json_speech
+from .speech_words import check_available, heard, json_speech
 from .voices import engine_speakers, is_voice_id
 from .worker import Job, address
 
@@ -349,6 +349,8 @@ async def create_speech(req: SpeechRequest, request: Request):
     state.require_ready()
     t0 = time.perf_counter()
     fmt = _check_request(req, state.settings)
+    if req.timestamps:
+        check_available(state)
     voice, speaker = await _resolve_voice(req, state)
     stats = request.scope.setdefault("state", {}).setdefault("access", {})
     plan = SpeechPlan(text=req.input, fmt=fmt, sse=req.stream_format == "sse", voice=voice, speaker=speaker,

@@ -46,6 +46,7 @@ from .live_limits import (
     too_deep,
 )
 from .speech import Format, VoiceRef, _resolve_voice
+from .speech_words import check_available
 from .utterance import Utterance, Utterances
 from .worker import Job, address
 
@@ -164,6 +165,8 @@ class LiveSession(Utterances):
         if self.cfg.speaker and self.cfg.voice:
             raise SessionError("conflicting_fields", "send either 'voice' or 'speaker', not both")
         try:
+            if self.cfg.timestamps:
+                check_available(self.state, "'timestamps' in session.update")
             voice, speaker = await _resolve_voice(SimpleNamespace(voice=name), self.state)
             options = _options(self.cfg, self.settings)
             options.validate()

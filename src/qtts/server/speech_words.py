@@ -30,9 +30,29 @@ log = logging.getLogger(__name__)
 HEADER = "X-Qtts-Timestamps"
 
 
-def timestamp_level(engine) -> str:
-    """"word" when ``engine`` times words with a forced aligner (this loads it), else "piece"."""
-    return "word" if getattr(engine, "aligner", None) is not None else "piece"
+def timestamp_level(engine) -> tuple[str, str | None]:
+    """("word", None) when ``engine`` times words with a forced aligner (this loads it), else
+    ("piece", None); ("piece", why) when an aligner was found (``$QTTS_ALIGNER``, the Hugging Face
+    cache) but cannot load: logged, not fatal (the server serves speech; a request with timestamps
+    gets 503 with the reason, :func:`check_available`). ``qtts serve --aligner`` loads it before
+    this, and there a failure is the server's load error."""
+    try:
+        aligner = getattr(engine, "aligner", None)
+    except Exception as exc:  # noqa: BLE001 (any loader failure: the server still serves speech)
+        log.warning("qtts: the forced aligner cannot be loaded; requests with timestamps are refused: %s", exc)
+        return "piece", f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+    return ("word" if aligner is not None else "piece"), None
+
+
+def check_available(state, what: str = "'timestamps'") -> None:
+    """ApiError 503 when the server's aligner failed to load (:func:`timestamp_level`)."""
+    if state.timestamps_error:
+        from .errors import ApiError, public_message
+
+        why = public_message(state.timestamps_error, getattr(state.store, "directory", None))
+        raise ApiError(503, f"word timestamps are unavailable on this server: its forced aligner cannot be loaded "
+                       f"({why}); send the request without {what}, or ask the operator to fix the aligner "
+                       "(qtts serve --aligner DIR)", "timestamps_unavailable", "timestamps")  # fmt: skip
 
 
 def heard(words, audio_s: float) -> list[dict]:
