@@ -179,3 +179,47 @@ def test_the_aligner_thread_yields_to_the_generation():
     finally:
         worker.close()
     assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + ALIGNER_NICE) > os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_every_tts_of_the_process_shares_one_aligner(cv, aligner_dir, tmp_path):
+    import shutil
+
+    own = shutil.copytree(aligner_dir, tmp_path / "aligner")  # no other test's TTS holds this one
+    a, b = qtts.load(cv, aligner=str(own)), qtts.load(cv, aligner=str(own))
+    shared = a.aligner
+    assert shared is b.aligner  # one model, one worker thread (qtts serve --max-concurrency K)
+    a.close()
+    words = b.synthesize("Hello there.", speaker=b.speakers[0], options=OPTS, timestamps=True).words
+    assert words and all(w.unit == WORD for w in words)
+    b.close()
+    c = qtts.load(cv, aligner=str(own))
+    assert c.aligner is not None and c.aligner is not shared  # the last close unloaded it
+    c.close()
+
+
+def _cached_aligner(hub, snapshot_files: dict) -> None:
+    """An HF cache with the official aligner's id holding ``snapshot_files``."""
+    repo = hub / "models--Qwen--Qwen3-ForcedAligner-0.6B"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    for name, text in snapshot_files.items():
+        (snap / name).write_text(text)
+
+
+def test_a_found_aligner_that_cannot_load_falls_back_to_pieces(cv, tmp_path, monkeypatch, caplog):
+    _cached_aligner(tmp_path / "hub", {"config.json": "{}"})
+    tts = qtts.load(cv)
+    assert tts.synth._aligner is None  # not looked up before a timestamps call
+    words = tts.synthesize("Hello there.", speaker=tts.speakers[0], options=OPTS, timestamps=True).words
+    assert [w.unit for w in words] == [PIECE]
+    assert "did not load" in caplog.text and "fall back to whole text pieces" in caplog.text
+
+
+def test_a_named_aligner_that_cannot_load_is_an_error(cv, tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    tts = qtts.load(cv, aligner=str(tmp_path / "broken"))
+    with pytest.raises(InputError):
+        tts.synthesize("Hello there.", speaker=tts.speakers[0], options=OPTS, timestamps=True)

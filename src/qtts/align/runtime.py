@@ -21,7 +21,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..errors import InputError, require
+from ..errors import InputError, QttsError, require
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,6 @@ def _export(snapshot: str, precision: str, folder: str) -> None:
     """Export in a child process (``python -m qtts.export.aligner``: this process never imports the
     exporter or needs its memory) into a temporary folder beside ``folder``, then rename it."""
     from ..backends.cache import export_missing
-    from ..errors import QttsError
 
     missing = export_missing()
     if missing:
@@ -187,29 +186,69 @@ class AlignerWorker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+#: loaded aligners by (snapshot, runtime, graph), shared by every TTS of the process (``--max-concurrency``
+#: engines, several qtts.load calls): one model in memory and one worker thread; entries are counted
+_SHARED: dict[tuple, list] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _acquire(key: tuple) -> AlignerWorker:
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            path, runtime, graph = key
+            log.info("loading the forced aligner %s (%s)", path, runtime)
+            entry = _SHARED[key] = [AlignerWorker(open_aligner(path, runtime, graph)), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release(key: tuple) -> None:
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _SHARED[key]
+            entry[0].close()
+
+
 class AlignerSlot:
     """A TTS's aligner: the snapshot found at once (a bad explicit one is an error at load), the model
-    loaded on first use (:meth:`get`) on the runtime that goes with the TTS plan."""
+    loaded on first use (:meth:`get`) on the runtime that goes with the TTS plan, shared with every other
+    TTS of the process that uses the same one. An aligner named explicitly that fails to load raises; one
+    found on its own (``$QTTS_ALIGNER`` unset, the Hugging Face cache) that fails is logged once, and the
+    timings fall back to whole pieces."""
 
     def __init__(self, spec: str | None, plan=None):
         self.plan = plan
+        self.explicit = bool(spec or os.environ.get(ENV_ALIGNER))
         self.path = find_aligner(spec)
-        self._worker: AlignerWorker | None = None
+        self._key: tuple | None = None
+        self._failed = False
         self._lock = threading.Lock()
 
     def get(self) -> AlignerWorker | None:
-        """The loaded aligner's worker, or None without an aligner snapshot."""
-        if self.path is None:
+        """The loaded aligner's worker, or None without an aligner snapshot (or one that failed to load)."""
+        if self.path is None or self._failed:
             return None
         with self._lock:
-            if self._worker is None:
-                runtime, graph = plan_runtime(self.plan)
-                log.info("loading the forced aligner %s (%s)", self.path, runtime)
-                self._worker = AlignerWorker(open_aligner(self.path, runtime, graph))
-            return self._worker
+            key = self._key or (self.path, *plan_runtime(self.plan))
+            try:
+                worker = _acquire(key) if self._key is None else _SHARED[key][0]
+            except (QttsError, InputError, OSError) as exc:
+                if self.explicit:
+                    raise
+                self._failed = True
+                log.warning("qtts: the forced aligner %s did not load (%s); word timestamps fall back to whole "
+                            "text pieces", self.path, exc)  # fmt: skip
+                return None
+            self._key = key
+            return worker
 
     def close(self) -> None:
         with self._lock:
-            worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.close()
+            key, self._key = self._key, None
+        if key is not None:
+            _release(key)
