@@ -24,9 +24,6 @@ from qtts.backends.cache import PRESETS
 from qtts.engine.generate import advance_rows, next_code0, predict_rows, prefill, release
 from support.batch_util import TEXTS, request, run_batch, voices
 
-#: the presets whose generation runs on ONNX (``faithful`` is fp32: tests/engine/test_batching.py)
-QUANTIZED = ("fast", "fastest")
-
 
 def _export(snapshot: str, out: str, preset: str) -> str:
     from qtts.export.onnx import ExportOptions, export_bundle
@@ -38,30 +35,40 @@ def _export(snapshot: str, out: str, preset: str) -> str:
     return os.path.join(out, "plan.json")
 
 
-#: (checkpoint size, preset): both quantized presets on the tiny checkpoint, the default on the
-#: real widths (mid: hidden 1024, head_dim 128, the 3072-wide codec head, block-128 rows of real K)
-CASES = [("tiny", "fast"), ("tiny", "fastest"), ("mid", "fast")]
+#: (checkpoint size, plan): every plan on the tiny checkpoint and on the real widths (mid: hidden
+#: 1024, head_dim 128, the 3072-wide codec head, block-128 rows of real K). ``torch`` is the torch
+#: fp32 reference (no bundle); the others are presets (ONNX bundles: fp32, int8, int4)
+CASES = [("tiny", "torch"), ("tiny", "faithful"), ("tiny", "fast"), ("tiny", "fastest"),
+         ("mid", "torch"), ("mid", "faithful"), ("mid", "fast")]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{size}-{preset}" for size, preset in CASES])
+@pytest.fixture(scope="module")
+def mid_snapshot(tmp_path_factory):
+    """A mid Base checkpoint (2.3 GB), written once for the module's mid cases and removed after them."""
+    from conftest import reference
+    from qtts.tools.random_checkpoint import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("inv-mid")
+    yield write_random_checkpoint(str(root / "mid"), size="mid", kind="base",
+                                  tokenizer_dir=reference("configs", "text-tokenizer-qwen2"))  # fmt: skip
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{size}-{plan}" for size, plan in CASES])
 def preset_parts(request, tiny_snapshot, tmp_path_factory):
-    """Two batched engines (4 rows) of a Base checkpoint on a preset: one runs each stream alone, the
-    other runs them together."""
+    """Two batched engines (4 rows) of a Base checkpoint on a plan: one runs each stream alone, the
+    other runs them together (on torch one engine does both: its backend holds no batch state)."""
     size, preset = request.param
+    snap = tiny_snapshot() if size == "tiny" else request.getfixturevalue("mid_snapshot")
+    if preset == "torch":
+        parts = open_parts(snap, plan="torch", threads=1, max_batch=4)
+        yield parts, parts
+        return
     root = tmp_path_factory.mktemp(f"inv-{size}-{preset}")
-    if size == "tiny":
-        snap = tiny_snapshot()
-    else:
-        from conftest import reference
-        from qtts.tools.random_checkpoint import write_random_checkpoint
-
-        snap = write_random_checkpoint(str(root / "mid"), size="mid", kind="base",
-                                       tokenizer_dir=reference("configs", "text-tokenizer-qwen2"))  # fmt: skip
     plan = _export(snap, str(root / "bundle"), preset)
     solo, batched = (open_parts(snap, plan=plan, threads=1, max_batch=4) for _ in range(2))
     yield solo, batched
-    if size == "mid":
-        shutil.rmtree(root, ignore_errors=True)  # 2.3 GB of checkpoint, 0.6 GB of bundle
+    shutil.rmtree(root, ignore_errors=True)  # a mid bundle: 0.6 GB (int8) to 2 GB (fp32)
 
 
 def _requests(parts) -> list:

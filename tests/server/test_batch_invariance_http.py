@@ -1,8 +1,10 @@
-"""``qtts serve --max-batch 4`` on the default plan: a request's audio does not depend on the requests
-stepped with it. A real server process on the tiny CustomVoice checkpoint with no ``--plan`` (the
-``fast`` preset, built on first use): four requests one by one, then all four at once, greedy and
-seeded; each response's PCM bytes are the same both ways. (Before the batch backend ran every step
-on paired rows, int8 MatMulNBits rows differed with the batch size: tests/engine/test_batch_invariance.py.)
+"""``qtts serve --max-batch 4``: a request's audio does not depend on the requests stepped with it.
+
+A real server process on the tiny CustomVoice checkpoint, with no ``--plan`` (the ``fast`` preset,
+built on first use), ``--plan faithful`` (fp32 ONNX) and ``--plan torch`` (the fp32 reference): four requests one by one, then
+all four at once, greedy and seeded; each response's PCM bytes are the same both ways. (Before the
+batch backends computed a row the same way for any row count, int8 MatMulNBits rows and torch's
+MKL rows differed with the batch size: tests/engine/test_batch_invariance.py.)
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ JOBS = [("First voice here, a short one.", "vivian"), ("Second one, a little lon
         ("Third.", "serena"), ("And the fourth line, of a medium length.", "aiden")]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def url(tiny_snapshot, tmp_path_factory):
+@pytest.fixture(scope="module", params=["default", "faithful", "torch"])
+def url(request, tiny_snapshot, tmp_path_factory):
+    plan = request.param
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "QTTS_PLAN"}  # the default plan, as `qtts serve -m M` runs
     env["QTTS_CACHE"] = str(tmp_path_factory.mktemp("serve-cache"))
     cmd = [sys.executable, "-m", "qtts", "serve", "--model", tiny_snapshot(kind="custom_voice"), "--port", str(port),
            "--max-batch", "4", "--max-frames", "20", "--threads", "1"]  # fmt: skip
+    if plan != "default":
+        cmd += ["--plan", plan]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -46,7 +51,8 @@ def url(tiny_snapshot, tmp_path_factory):
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=60)
-    assert "fast" in err  # the default plan was built / opened, not the torch one
+    if plan != "torch":
+        assert ("fast" if plan == "default" else plan) in err  # the preset was built / opened, not torch
 
 
 def _speak(base: str, text: str, voice: str, **extra) -> bytes:

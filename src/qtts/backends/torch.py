@@ -27,6 +27,7 @@ except ImportError as exc:  # a core-only install
     raise missing("torch", "torch", "the torch runtime", also=BUNDLE_HINT) from exc
 
 from .base import OpenContext
+from .torch_rows import RowLinear
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class TorchBackend:
         """One talker step for ``B`` streams, each at its own position with its own cache."""
         torch = self._torch
         x = torch.as_tensor(np.asarray(embeds, dtype=np.float32), device=self.device)[:, None]
-        with torch.inference_mode():
+        with torch.inference_mode(), RowLinear():
             logits, hidden = self.talker_module.forward_rows(x.to(self.dtype), [int(p) for p in positions], states)
             return self._out(logits[:, -1]), self._out(hidden[:, -1]), states
 
@@ -170,7 +171,7 @@ class TorchBackend:
             out, cache = self.predictor(x, pos, cache)
             return self._out(self.predictor.head(j, out[:, -1]))
 
-        with torch.inference_mode():
+        with torch.inference_mode(), RowLinear():
             return _sample_rows(step_logits, code0, samplers, uniforms)
 
 
