@@ -1,14 +1,18 @@
-"""Batch invariance on every ONNX preset: a stream's codes are bitwise the same alone and in any batch.
+"""Batch invariance on every plan: a stream's codes are bitwise the same alone and in any batch.
 
 On the quantized presets (``fast``: int8, ``fastest``: int4) onnxruntime's MatMulNBits kernels
 compute a row that shares the kernel with a second row (rows are taken in pairs) differently in the
-last bits from a row computed on its own (an odd row count's last row); a near-tie between two
-logits then picks another code, and with sampling a stream's whole continuation moves. So on a
-batched engine (``qtts serve --max-batch N``) a stream's audio depended on how many streams were
-stepped with it. The batched ONNX backend now runs every talker step and predictor frame on an even
-number of rows, so a stream alone on the engine (a batch of one) and in a batch of any size is the
-same computation for every row. These tests compare logits bitwise (stronger than codes), then
-whole streams: mixed modes and lengths, greedy and seeded, a mid-stream arrival and a cancellation.
+last bits from a row computed on its own (an odd row count's last row); on the ``torch`` plan MKL
+picks its fp32 GEMM kernel by the row count. A near-tie between two logits then picks another code,
+and with sampling a stream's whole continuation moves. So on a batched engine (``qtts serve
+--max-batch N``) a stream's audio depended on how many streams were stepped with it. The batched
+ONNX backend now runs every talker step and predictor frame on an even number of rows, the torch
+batch seam every linear layer on groups of 3 rows (``qtts.backends.torch_rows``), so a stream alone
+on the engine (a batch of one) and in a batch of any size is the same computation for every row
+(``faithful``, fp32 ONNX: MLAS rows never depended on the row count). These tests compare logits
+bitwise (stronger than codes: on ``torch`` only they fail without the fix, the random checkpoints
+having no near-tie), then whole streams: mixed modes and lengths, greedy and seeded, a mid-stream
+arrival and a cancellation.
 """
 
 from __future__ import annotations
