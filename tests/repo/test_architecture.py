@@ -214,6 +214,33 @@ def test_one_frames_to_chunks_loop():
     assert scripts == [], f"scripts with a synthesis body of their own: {scripts}"
 
 
+#: the optional members of the backend seam: declared with defaults in qtts.backends.base, never probed
+SEAM_MEMBERS = ("thread_safe", "batches", "prime", "close", "run_batch", "talker_rows", "predict_frames", "release")
+
+
+def test_the_seam_is_declared_and_never_probed():
+    """Every optional member of a backend, vocoder or vocoder stream is declared (with its default) in the
+    protocols of backends/base.py, every runtime subclasses them, and no module looks a member up with
+    getattr/hasattr."""
+    from qtts.backends import base, executorch, onnx, onnx_batch, torch, vocoder_batch, vocoder_step
+
+    assert base.Backend.thread_safe is False and base.Vocoder.batches is False
+    assert callable(base.VocoderStream.prime) and callable(base.VocoderStream.close)
+    for cls in (torch.TorchBackend, onnx.OnnxBackend, onnx_batch.OnnxBatchBackend, executorch.EtBackend):
+        assert base.Backend in cls.__mro__, cls
+    for cls in (vocoder_step.StepVocoder, torch.TorchFullVocoder):
+        assert base.Vocoder in cls.__mro__, cls
+    for cls in (vocoder_step.StepStream, vocoder_batch.BatchedVocoderStream, torch._FullStream):
+        assert base.VocoderStream in cls.__mro__, cls
+    owner = r"(?:self\.)?(?:backend|vocoder|decoder|steps|components|parts|engine|tts)\w*"
+    probe = re.compile(r"\b(?:getattr|hasattr)\(\s*" + owner + r"\s*,\s*[\"'](" + "|".join(SEAM_MEMBERS) + r")[\"']")
+    found = []
+    for mod, path in MODULES.items():
+        with open(path, encoding="utf-8") as fh:
+            found += [f"{mod}: {m.group(0)}" for m in probe.finditer(fh.read())]
+    assert found == [], found
+
+
 def test_the_batch_seam_is_a_protocol():
     """engine/ asks ``isinstance(backend, BatchBackend)``, never ``hasattr`` (the seam is explicit)."""
     for mod in (m for m in MODULES if m.startswith("qtts.engine")):

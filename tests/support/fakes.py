@@ -16,6 +16,7 @@ import numpy as np
 from conftest import reference_configs
 from qtts.api import TTS
 from qtts.backends import Components
+from qtts.backends.base import Backend, Vocoder, VocoderStream
 from qtts.config import ModelConfig
 from qtts.voice import Voice
 
@@ -39,7 +40,7 @@ def simple_prompt(n_trailing: int = 5) -> FakePrompt:
 
 
 @dataclass
-class FakeBackend:
+class FakeBackend(Backend):
     hidden_size: int = 8
     seed: int = 0
     eos_at: int | None = None  # force EOS to be the best code 0 from this frame on
@@ -123,7 +124,7 @@ class FakeTokenizer:
         return ids
 
 
-class FakeVocoder:
+class FakeVocoder(Vocoder):
     """``stream()`` gives a stateful decoder: each frame's samples depend on its code 0 and on how
     many frames came before in that stream."""
 
@@ -136,7 +137,7 @@ class FakeVocoder:
         return _FakeStream(self.events)
 
 
-class _FakeStream:
+class _FakeStream(VocoderStream):
     def __init__(self, events):
         self.events = events
         self.n = 0

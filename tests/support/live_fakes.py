@@ -15,6 +15,7 @@ import numpy as np
 from conftest import REAL_TOKENIZER_DIR, reference_configs
 from qtts.api import TTS
 from qtts.backends import Components
+from qtts.backends.base import Vocoder, VocoderStream
 from qtts.config import ModelConfig
 from qtts.text.tokenizer import TextTokenizer
 from support.fakes import FakeBackend
@@ -35,7 +36,7 @@ class TextBackend(FakeBackend):
         return super().talker(embeds, pos, state)
 
 
-class RecordingVocoder:
+class RecordingVocoder(Vocoder):
     """Wraps a vocoder; ``codes`` collects every frame decoded (reference priming included)."""
 
     def __init__(self, inner):
@@ -45,7 +46,7 @@ class RecordingVocoder:
         self.streams += 1
         inner, codes = self.inner.stream(), self.codes
 
-        class Stream:
+        class Stream(VocoderStream):
             samples_per_frame = 1920
 
             def reset(self):
@@ -63,9 +64,9 @@ class RecordingVocoder:
         return out
 
 
-class ZeroVocoder:
+class ZeroVocoder(Vocoder):
     def stream(self):
-        class Stream:
+        class Stream(VocoderStream):
             samples_per_frame = 1920
 
             def reset(self):

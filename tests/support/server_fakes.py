@@ -34,6 +34,7 @@ class FakeVoice:
 
 
 class FakeTTS:
+    thread_safe = False  # as qtts.TTS declares it: one generation at a time
     speakers = ["vivian", "ryan"]
     languages = ["auto", "english", "chinese"]
 

@@ -58,7 +58,7 @@ class Components:
     @property
     def thread_safe(self) -> bool:
         """Concurrent generations are safe when the backend says so (the vocoder is per stream)."""
-        return bool(getattr(self.backend, "thread_safe", False))
+        return self.backend is not None and bool(self.backend.thread_safe)
 
 
 def open(model: str, plan=None, dtype: str = "float32", threads: int | None = None,  # noqa: A001

@@ -38,10 +38,14 @@ from ..config import ModelConfig
 
 @runtime_checkable
 class Backend(Protocol):
-    """The generation seam between :mod:`qtts.engine.generate` and a runtime."""
+    """The generation seam between :mod:`qtts.engine.generate` and a runtime. Runtimes subclass it
+    explicitly and so get the defaults of its optional members (``thread_safe``)."""
 
     #: talker hidden size H
     hidden_size: int
+    #: True when generations (each with its own state) may run on several threads at once
+    #: (:attr:`qtts.TTS.thread_safe`); a backend with shared per-step buffers says False
+    thread_safe: bool = False
 
     def text_embeds(self, ids: np.ndarray) -> np.ndarray: ...
 
@@ -74,7 +78,8 @@ class VocoderStream(Protocol):
 
     ``decode`` takes frames int64 ``[n, 16]`` in ``[0, codebook_size)``: the engine's own frames, or
     codes checked where they came in (``TTS.decode_stream``, codes files, voices:
-    :func:`qtts.audio.codes.check_codes`, the one check of codes); it does not check them again."""
+    :func:`qtts.audio.codes.check_codes`, the one check of codes); it does not check them again.
+    Streams subclass it explicitly and so get the defaults of ``prime`` and ``close``."""
 
     samples_per_frame: int
 
@@ -82,9 +87,22 @@ class VocoderStream(Protocol):
 
     def decode(self, codes: np.ndarray) -> np.ndarray: ...
 
+    def prime(self, codes: np.ndarray) -> np.ndarray:
+        """Decode an ICL voice's reference codes, whose audio is thrown away (default: :meth:`decode`;
+        a batched stream counts it apart from delivered audio)."""
+        return self.decode(codes)
+
+    def close(self) -> None:
+        """The utterance is over (a batched stream leaves its batcher); default: nothing to give back."""
+
 
 class Vocoder(Protocol):
-    """Built once per model (sessions, modules); ``stream()`` is cheap and per utterance."""
+    """Built once per model (sessions, modules); ``stream()`` is cheap and per utterance. Vocoders
+    subclass it explicitly and so get the default of ``batches``."""
+
+    #: True when ``run_batch`` steps several streams' fixed-size steps at once, so that a
+    #: :class:`~qtts.backends.vocoder_batch.VocoderBatcher` can share it (the step vocoders)
+    batches: bool = False
 
     def stream(self) -> VocoderStream: ...
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError, require
-from .base import OpenContext
+from .base import Backend, OpenContext
 from .bundle import read_manifest
 from .plain import PlainPredictor
 from .tables import load_table
@@ -66,7 +66,7 @@ def method_runner(method):
     return run
 
 
-class EtBackend:
+class EtBackend(Backend):
     """Talker + predictor in ExecuTorch; implements :class:`~qtts.backends.base.Backend`."""
 
     thread_safe = False  # one method instance per step: generations must not interleave

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
-from .base import OpenContext
+from .base import Backend, OpenContext
 from .bundle import read_manifest
 from .tables import QuantTable, load_table
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
@@ -112,7 +112,7 @@ def _resident(table):
     return np.ascontiguousarray(table)
 
 
-class OnnxBackend:
+class OnnxBackend(Backend):
     """Talker + predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
 
     def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = False):

@@ -26,7 +26,7 @@ try:  # this module is imported only when a plan names the torch runtime (qtts.b
 except ImportError as exc:  # a core-only install
     raise missing("torch", "torch", "the torch runtime", also=BUNDLE_HINT) from exc
 
-from .base import OpenContext
+from .base import Backend, OpenContext, Vocoder, VocoderStream
 from .torch_rows import RowLinear
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
@@ -60,7 +60,7 @@ def load_part(ctx: OpenContext, name: str):
 
 
 # ----------------------------------------------------------------------------- generation
-class TorchBackend:
+class TorchBackend(Backend):
     """Talker + predictor in torch; implements :class:`~qtts.backends.base.Backend`."""
 
     #: concurrent generations are safe: modules are stateless, KV state is per call, the
@@ -260,7 +260,7 @@ class TorchVocoder(StepVocoder):
         return audio.float().numpy(), cache.float().numpy()
 
 
-class TorchFullVocoder:
+class TorchFullVocoder(Vocoder):
     """The offline decoder re-run over the whole prefix on every call (exact reference)."""
 
     def __init__(self, decoder):
@@ -271,7 +271,7 @@ class TorchFullVocoder:
         return _FullStream(self)
 
 
-class _FullStream:
+class _FullStream(VocoderStream):
     def __init__(self, vocoder: TorchFullVocoder):
         self.vocoder = vocoder
         self.samples_per_frame = vocoder.decoder.samples_per_frame

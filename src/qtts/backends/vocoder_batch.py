@@ -29,6 +29,7 @@ import numpy as np
 
 from ..config import SAMPLE_RATE
 from ..errors import QttsError
+from .base import VocoderStream
 from .vocoder_step import drive
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class _Job:
         self.done = threading.Event()
 
 
-class BatchedVocoderStream:
+class BatchedVocoderStream(VocoderStream):
     """A :class:`~qtts.backends.base.VocoderStream` whose steps run on a :class:`VocoderBatcher`'s
     thread; ``decode`` blocks until its audio is ready. ``prime`` decodes audio that is thrown away
     (an ICL voice's reference codes): it counts as a first chunk but not as delivered audio."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError
+from .base import Vocoder, VocoderStream
 
 TWO_PI = 2.0 * np.pi
 STEP_INPUTS = ("audio_codes", "freqs_in", "cache_valid", "cache_in")
@@ -88,8 +89,10 @@ def pair_contracts(contracts: dict, main: str) -> StepContract:
     return contracts[main]
 
 
-class StepVocoder:
+class StepVocoder(Vocoder):
     """A runtime's compiled steps; subclasses set ``contract``, ``sizes`` and implement ``run``."""
+
+    batches = True  # run_batch below: a VocoderBatcher can share it
 
     contract: StepContract
     sizes: list  # compiled step sizes, largest first
@@ -112,7 +115,7 @@ class StepVocoder:
         return StepStream(self)
 
 
-class StepStream:
+class StepStream(VocoderStream):
     """One utterance's state and schedule over a :class:`StepVocoder` (see the module docstring)."""
 
     def __init__(self, steps: StepVocoder):
@@ -166,6 +169,9 @@ class StepStream:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         return drive(self.plan(codes), self.steps.run)
+
+    def close(self) -> None:
+        """Nothing to give back: the state is this object's own."""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ class Synthesis:
         """The shared :class:`~qtts.backends.vocoder_batch.VocoderBatcher` (started on first use), or
         None when ``max_batch`` is 1 or the vocoder does not batch."""
         vocoder = self.components.vocoder
-        if self.max_batch <= 1 or self._vocoder_batcher is None or not hasattr(vocoder, "run_batch"):
+        if self.max_batch <= 1 or self._vocoder_batcher is None or not vocoder.batches:
             return None
         with self._lock:
             if self._vocoder_batch is None:
@@ -104,7 +104,7 @@ class Synthesis:
         vocoder = batcher.stream() if batcher is not None else self.components.vocoder.stream()
         if prime is not None and len(prime):
             try:
-                getattr(vocoder, "prime", vocoder.decode)(prime)
+                vocoder.prime(prime)
             except BaseException:
                 release(vocoder)
                 raise
@@ -231,7 +231,5 @@ def with_timestamps(options: SynthesisOptions | None, timestamps: bool | None) -
 
 
 def release(vocoder) -> None:
-    """Give a batched vocoder stream's place back (plain streams have no ``close``)."""
-    close = getattr(vocoder, "close", None)
-    if close is not None:
-        close()
+    """The utterance is over: a batched vocoder stream gives its place back (plain streams: nothing)."""
+    vocoder.close()

@@ -42,7 +42,7 @@ def make_slots(engine, max_concurrency: int) -> list:
     if batch > 1 and max_concurrency > batch:
         log.warning("%d slots on an engine that batches %d streams: the others wait inside the engine",
                     max_concurrency, batch)
-    if getattr(engine, "thread_safe", False):
+    if engine.thread_safe:
         return [engine] * max_concurrency
     if max_concurrency > 1:
         log.warning("the engine is not thread-safe: serving one generation at a time (pass one engine per "

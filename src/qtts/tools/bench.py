@@ -85,6 +85,8 @@ class Timed:
 class _TimedVocoder:
     """A vocoder whose streams are :class:`Timed` (``decode``); ``streams`` keeps them."""
 
+    batches = False
+
     def __init__(self, inner):
         self._inner, self.streams = inner, []
 
