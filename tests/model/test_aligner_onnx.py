@@ -97,3 +97,19 @@ def test_int4_errs_more_than_int8(bundle, tmp_path):
     assert 0 < errors[0] < errors[1]
     with pytest.raises(InputError, match="8 or 4"):
         quantize_aligner(int4, bits=3)
+
+
+def test_qtts_verify_aligner_reports_both_graphs(tmp_path, monkeypatch, capsys):
+    import json
+
+    from qtts.cli import main
+
+    monkeypatch.setenv("QTTS_CACHE", str(tmp_path / "cache"))
+    snap = write_random_checkpoint(str(tmp_path / "al"), kind="forced_aligner", tokenizer_dir=TOKENIZER, seed=3)
+    code = main(["verify", "aligner", "--aligner", snap, "--seeds", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    fp32, int8 = report["rows"]
+    assert [fp32["runtime"], int8["runtime"]] == ["onnx", "onnx-int8"] and report["clips"] == 3
+    assert fp32["words_exact"] == fp32["words"] > 0 and fp32["passed"]  # the fp32 graph gives torch's times
+    assert 0 < int8["logits_max_diff"] and int8["words_within_one_bin"] <= int8["words"]
+    assert code == (0 if report["passed"] else 1)

@@ -201,6 +201,11 @@ def _verify_arguments(ve) -> None:
     p.add_argument("--text", help="text to speak (default: a fixed English sentence)")
     p.add_argument("--report", help="write the report to this .md (and the same stem .json)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of Markdown")
+    p = command(ve, "aligner", run_verify_aligner, "compare the forced aligner's ONNX graphs (fp32, int8) with its "
+                "torch fp32 reference: logits, marker classes, words within one 80 ms bin")
+    p.add_argument("--aligner", required=True, metavar="DIR|HUB_ID", help="the Qwen3-ForcedAligner snapshot")
+    p.add_argument("--seeds", type=number(lo=1), default=2, metavar="N", help="clips per language (default 2)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of Markdown")
     p = command(ve, "vocoder", run_verify_vocoder, "check the streaming vocoder step against the offline "
                 "decode (SNR in dB per chunk schedule)")
     add_model(p, plan=False, dtype=False)
@@ -225,6 +230,15 @@ def run_verify_plan(args) -> int:
     if args.report:
         write_report(report, args.report)
     return 1 if report["passed"] is False else 0
+
+
+def run_verify_aligner(args) -> int:
+    from ..align.runtime import find_aligner
+    from ..export.verify_aligner import report_markdown, verify_aligner
+
+    report = verify_aligner(find_aligner(args.aligner), seeds=args.seeds)
+    print(json.dumps(report, indent=2) if args.json else report_markdown(report))
+    return 0 if report["passed"] else 1
 
 
 def expand_schedule(spec: str, frames: int) -> list[int]:
