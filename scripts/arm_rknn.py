@@ -50,7 +50,7 @@ def main(args) -> int:
     with open(os.path.join(os.path.dirname(rknnlite.__file__), "VERSION"), encoding="utf-8") as fh:
         print(f"step 1: import rknnlite.api (rknn-toolkit-lite2 {fh.read().strip()}) ok")
 
-    from qtts.backends.plan import load_plan
+    from qtts.plans.plan import load_plan
 
     path = _plan(args.bundle, args.rknn, args.out)
     plan = load_plan(path)

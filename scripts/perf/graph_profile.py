@@ -86,7 +86,7 @@ def predictor_runner(hidden: int):
 
 def jobs(args) -> list:
     """(name, graph path, runner) for the talker step and the fused predictor frame of the bundle."""
-    from qtts.backends.plan import load_plan
+    from qtts.plans.plan import load_plan
 
     plan = load_plan(os.path.join(args.bundle, "plan.json"))
     man = json.load(open(os.path.join(args.bundle, "manifest.json"), encoding="utf-8"))

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def load(model: str, plan=None, dtype: str = "float32", threads: int | None = None, backend=None,
          parts=None, max_batch: int = 1, aligner: str | None = None) -> TTS:
     """Load a snapshot dir or hub id; ``plan`` picks runtimes per component: None = the default
-    preset (an ONNX bundle built once per checkpoint and cached, :mod:`qtts.backends.cache`),
+    preset (an ONNX bundle built once per checkpoint and cached, :mod:`qtts.plans.cache`),
     ``"torch"`` = the fp32 reference, a preset name, or a plan path / dict / Plan.
 
     ``threads`` None picks by model size (:func:`qtts.backends.default_threads`); ``parts`` None
@@ -96,7 +96,7 @@ class TTS:
         """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
         snapshot = getattr(self.components, "snapshot", None)
         if self._codec is None and snapshot is not None:
-            from .backends.bundle import codec_fingerprint
+            from .plans.bundle import codec_fingerprint
 
             self._codec = codec_fingerprint(snapshot)
         return self._codec

@@ -16,10 +16,10 @@ from conftest import REAL_TOKENIZER_DIR
 from qtts.align import ForcedAligner
 from qtts.align.runtime import ENV_ALIGNER, AlignerSlot, open_aligner, plan_runtime
 from qtts.align.timing import PIECE, WORD, word_language
-from qtts.backends.plan import parse_plan
 from qtts.config import FRAME_RATE, SAMPLES_PER_FRAME
 from qtts.errors import InputError
 from qtts.options import SynthesisOptions
+from qtts.plans.plan import parse_plan
 from qtts.text.words import split_words
 from qtts.tools.random_checkpoint import write_random_checkpoint
 

@@ -11,10 +11,10 @@ import warnings
 import pytest
 
 from conftest import reference_configs
-from qtts.backends.bundle import fingerprint
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
 from qtts.export.onnx import ExportOptions, export_bundle
+from qtts.plans.bundle import fingerprint
 
 NOTHING = ExportOptions(components=())  # manifest + plan only: what the checks read
 
@@ -86,10 +86,10 @@ def old_bundle(tiny_snapshot, tmp_path_factory):
 
 def test_old_bundle_loads_with_a_warning(tiny_snapshot, old_bundle, caplog):
     from qtts.backends import open as open_components
-    from qtts.backends.bundle import read_manifest
     from qtts.backends.onnx import OnnxVocoder
+    from qtts.plans.bundle import read_manifest
 
-    with caplog.at_level(logging.WARNING, logger="qtts.backends.bundle"):
+    with caplog.at_level(logging.WARNING, logger="qtts.plans.bundle"):
         parts = open_components(tiny_snapshot(kind="custom_voice"), plan=str(old_bundle / "plan.json"))
     assert "records no checkpoint fingerprint" in caplog.text
     assert isinstance(parts.vocoder, OnnxVocoder) and parts.plan.impl("vocoder") == "onnx"

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from qtts.backends.bundle import fingerprint
 from qtts.cli import main
 from qtts.config import ModelConfig
+from qtts.plans.bundle import fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = "Hello there, this is a test of the phone runtime."

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from qtts.backends.plan import COMPONENTS, Plan, load_plan, parse_plan, plan_snippet
 from qtts.errors import InputError
+from qtts.plans.plan import COMPONENTS, Plan, load_plan, parse_plan, plan_snippet
 
 
 @pytest.fixture
@@ -103,8 +103,8 @@ def test_an_explicit_torch_plan_needs_no_plan_cache(tiny_snapshot, monkeypatch, 
     """plan="torch" (or none with $QTTS_PLAN=torch) is the empty Plan without the plan cache; any other
     plan still goes through it."""
     from qtts import backends
-    from qtts.backends import cache
-    from qtts.backends import plan as plan_module
+    from qtts.plans import cache
+    from qtts.plans import plan as plan_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the plan cache was asked")

@@ -1,4 +1,4 @@
-"""Fast by default (qtts.backends.cache): a load with no plan builds the default preset's ONNX bundle
+"""Fast by default (qtts.plans.cache): a load with no plan builds the default preset's ONNX bundle
 once, in a child process, caches it per checkpoint / preset / qtts version, and later loads find it.
 
 One real build of the tiny CustomVoice checkpoint (module fixture ``built``: the real child, the real
@@ -20,15 +20,15 @@ import pytest
 
 import qtts
 from conftest import REPO_ROOT
-from qtts.backends import cache
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError, QttsError
+from qtts.plans import cache
 from support.fake_exporter import builds
 
 #: a loading process that builds the default plan and checks it imported no exporter and no torch
 LOADER = """
 import sys
-from qtts.backends.cache import resolve_plan
+from qtts.plans.cache import resolve_plan
 plan = resolve_plan(None, sys.argv[1])
 assert not [m for m in sys.modules if m.startswith("qtts.export")], "the loading process imported qtts.export"
 assert "torch" not in sys.modules, "the loading process imported torch"

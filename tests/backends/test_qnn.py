@@ -15,7 +15,6 @@ import pytest
 from onnx import TensorProto, helper
 
 from qtts.audio.chunk import snr_db
-from qtts.backends.plan import load_plan
 from qtts.backends.qnn import (
     PlainPredictor,
     QnnBackend,
@@ -29,6 +28,7 @@ from qtts.backends.torch import TorchBackend
 from qtts.engine.sampling import PredictorSampler
 from qtts.errors import InputError, QttsError
 from qtts.options import SamplingParams
+from qtts.plans.plan import load_plan
 from qtts.weights import load_checkpoint
 
 GREEDY = PredictorSampler(SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0))

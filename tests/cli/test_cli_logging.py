@@ -47,17 +47,17 @@ def test_plan_build_progress_is_info_and_the_cli_shows_it(caplog):
     as plain lines, and hides other INFO records."""
     import subprocess
 
-    from qtts.backends.build import BuildProgress
+    from qtts.plans.build import BuildProgress
 
-    with caplog.at_level(logging.INFO, logger="qtts.backends.build"):
+    with caplog.at_level(logging.INFO, logger="qtts.plans.build"):
         progress = BuildProgress("the 'fast' plan", 10, tty=False)
         progress.phase("talker")
         progress.finish()
-    levels = {r.levelno for r in caplog.records if r.name == "qtts.backends.build"}
+    levels = {r.levelno for r in caplog.records if r.name == "qtts.plans.build"}
     assert levels == {logging.INFO}, caplog.text
     script = ("import logging; from qtts.cli.common import setup_logging; setup_logging(0); "
-              "logging.getLogger('qtts.backends.build').info('qtts: building the plan'); "
-              "logging.getLogger('qtts.backends.cache').info('not shown'); "
-              "logging.getLogger('qtts.backends.cache').warning('shown')")  # fmt: skip
+              "logging.getLogger('qtts.plans.build').info('qtts: building the plan'); "
+              "logging.getLogger('qtts.plans.cache').info('not shown'); "
+              "logging.getLogger('qtts.plans.cache').warning('shown')")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.stderr == "qtts: building the plan\nWARNING qtts.backends.cache: shown\n"
+    assert proc.stderr == "qtts: building the plan\nWARNING qtts.plans.cache: shown\n"

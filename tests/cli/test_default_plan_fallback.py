@@ -53,7 +53,7 @@ def test_default_plan_falls_back_to_torch_with_one_warning(differing_rope, tmp_p
 
 
 def test_the_refusal_is_remembered_until_cache_rm_all(differing_rope, tmp_path, monkeypatch, caplog, capsys):
-    from qtts.backends import cache
+    from qtts.plans import cache
 
     assert _say(differing_rope, tmp_path / "a.wav") == 0
     monkeypatch.setattr(cache, "build", lambda *a, **k: pytest.fail("the refused build was tried again"))

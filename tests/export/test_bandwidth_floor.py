@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qtts.backends.plan import Plan
+from qtts.plans.plan import Plan
 from qtts.tools import bandwidth
 
 

@@ -11,11 +11,11 @@ import torch
 from conftest import reference
 from qtts.audio.chunk import snr_db
 from qtts.backends.base import OpenContext
-from qtts.backends.plan import load_plan
 from qtts.backends.torch import TorchFullVocoder, TorchVocoder, open_vocoder, step_decode
 from qtts.backends.vocoder_step import StepStream, StepVocoder, rope_freqs
 from qtts.errors import InputError
 from qtts.model.vocoder_step import CacheLayout, VocoderStep
+from qtts.plans.plan import load_plan
 from support.vocoder_fixtures import feed, full_decode, load_decoder, random_codes
 
 FRAMES = 310  # > 4 windows of 72

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from qtts.errors import MissingDependencyError
+from qtts.export.verify_aligner import speechlike  # noqa: F401  (the parity tests' clips)
 
 
 def qwen_asr():
@@ -63,20 +64,6 @@ def official_stages(aligner, wav: np.ndarray, sample_rate: int, text: str, langu
         "times": times,
         "result": [(it.text, it.start_time, it.end_time) for it in result],
     }
-
-
-def speechlike(seed: int, seconds: float, sample_rate: int = 24000) -> np.ndarray:
-    """Tone bursts of random pitch, length, level and gaps: audio whose log-mel changes over time."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * sample_rate)) / sample_rate
-    out = np.zeros_like(t)
-    pos = 0.0
-    while pos < seconds:
-        dur = rng.uniform(0.08, 0.4)
-        on = (t >= pos) & (t < pos + dur)
-        out[on] = rng.uniform(0.1, 0.8) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t[on])
-        pos += dur + rng.uniform(0.0, 0.3)
-    return out.astype(np.float32)
 
 
 def parity_figures(snapshot: str, cases: dict) -> list[str]:

@@ -6,7 +6,7 @@
 * :func:`open_aligner` loads it on a runtime: ``"torch"`` (the fp32 reference), ``"onnx"`` (fp32
   graph) or ``"onnx-int8"`` (``MatMulNBits`` weights). An ONNX graph is exported once per aligner
   checkpoint into ``$QTTS_CACHE/aligner/`` (the plan cache) and reused.
-  The export runs in a child process, like a plan build (:mod:`qtts.backends.build`).
+  The export runs in a child process, like a plan build (:mod:`qtts.plans.build`).
 * :class:`AlignerWorker` runs alignments on one thread of its own with few intra-op threads, so a
   pass never runs inside the frame loop and leaves the generation its cores most of the time.
 """
@@ -58,7 +58,7 @@ def find_aligner(spec: str | None = None) -> str | None:
 
 
 def plan_runtime(plan) -> tuple[str, str | None]:
-    """(runtime, graph file or None) of the aligner for a :class:`qtts.backends.plan.Plan`: its ``aligner``
+    """(runtime, graph file or None) of the aligner for a :class:`qtts.plans.plan.Plan`: its ``aligner``
     entry (impl torch, or onnx with ``precision`` fp32/int8 and an optional ``artifacts.main``), else
     what goes with its talker: torch beside torch, fp32 ONNX beside an fp32 ONNX talker (``faithful``),
     int8 ONNX beside every other ONNX plan (the default)."""
@@ -94,8 +94,8 @@ class OnnxAlignerModel:
 
 def aligner_graph(snapshot: str, precision: str, root: str | None = None) -> str:
     """The cached ONNX graph of ``snapshot`` (``precision`` fp32 or int8), exported on first use."""
-    from ..backends.bundle import fingerprint
-    from ..backends.cache import cache_root
+    from ..plans.bundle import fingerprint
+    from ..plans.cache import cache_root
 
     folder = os.path.join(root or cache_root(), "aligner", f"{fingerprint(snapshot)}-{precision}")
     path = os.path.join(folder, "aligner.onnx")
@@ -111,7 +111,7 @@ def aligner_graph(snapshot: str, precision: str, root: str | None = None) -> str
 def _export(snapshot: str, precision: str, folder: str) -> None:
     """Export in a child process (``python -m qtts.export.aligner``: this process never imports the
     exporter or needs its memory) into a temporary folder beside ``folder``, then rename it."""
-    from ..backends.cache import export_missing
+    from ..plans.cache import export_missing
 
     missing = export_missing()
     if missing:

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
+from ..plans.plan import Plan, load_plan, names_torch
 from .base import Backend, OpenContext, Vocoder
-from .plan import Plan, load_plan, names_torch
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
 
@@ -66,8 +66,8 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     """Build every part of ``model`` (a snapshot dir or hub id) once, with the runtimes ``plan`` names.
 
     ``plan``: None (``$QTTS_PLAN``, else the default preset, built and cached when missing), ``"torch"``
-    (the empty plan, no cache), a preset name, a path, a dict or a :class:`~qtts.backends.plan.Plan`
-    (:func:`qtts.backends.cache.resolve_plan`);
+    (the empty plan, no cache), a preset name, a path, a dict or a :class:`~qtts.plans.plan.Plan`
+    (:func:`qtts.plans.cache.resolve_plan`);
     ``threads``: None picks
     :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
     kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
@@ -142,8 +142,8 @@ def snapshot_dir(model) -> str:
 def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
     """Any plan but an explicit torch one: through the plan cache (None and preset names: a cached
     bundle, built when missing) and the plan file's checks (its bundle must come from this checkpoint)."""
-    from .bundle import check_plan_source
-    from .cache import resolve_plan
+    from ..plans.bundle import check_plan_source
+    from ..plans.cache import resolve_plan
 
     plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
     if plan.path is not None:

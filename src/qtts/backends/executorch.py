@@ -29,8 +29,8 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError, require
+from ..plans.bundle import read_manifest
 from .base import Backend, OpenContext
-from .bundle import read_manifest
 from .plain import PlainPredictor
 from .tables import load_table
 from .vocoder_step import StepContract, StepVocoder

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
 from ..errors import InputError, require
+from ..plans.bundle import read_manifest
 from .base import Backend, OpenContext
-from .bundle import read_manifest
 from .tables import QuantTable, load_table
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 

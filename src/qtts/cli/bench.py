@@ -77,7 +77,7 @@ def run_bench(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        from ..backends.bundle import write_json  # temp file + rename
+        from ..plans.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
@@ -94,7 +94,7 @@ def _run_timestamps(args) -> int:
     for result in results:
         print(f"{result['label']}:\n{table_markdown(result)}\n", flush=True)
     if args.json:
-        from ..backends.bundle import write_json  # temp file + rename
+        from ..plans.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": {**vars(opts), "runtimes": list(opts.runtimes)}, "timestamps": results})
     return 0
@@ -113,7 +113,7 @@ def _run_concurrency(args) -> int:
         print(f"{label}: done", flush=True)
     print(table_markdown(rows))
     if args.json:
-        from ..backends.bundle import write_json  # temp file + rename
+        from ..plans.bundle import write_json  # temp file + rename
 
         write_json(args.json, {"options": {**vars(opts), "levels": list(opts.levels)}, "concurrency": rows})
     return 0
@@ -122,7 +122,7 @@ def _run_concurrency(args) -> int:
 def _bench_plans(args) -> list:
     """(plan, label) per --plan: presets built (or found) first, so no build is timed."""
     from ..backends import snapshot_dir
-    from ..backends.cache import DEFAULT_PRESET, ENV_PLAN, TORCH, preset_name, resolve_plan
+    from ..plans.cache import DEFAULT_PRESET, ENV_PLAN, TORCH, preset_name, resolve_plan
 
     out = []
     for plan in args.plan or [os.environ.get(ENV_PLAN) or DEFAULT_PRESET]:
@@ -137,8 +137,8 @@ def _bench_plans(args) -> list:
 
 def _label(plan_path: str) -> str:
     """'onnx: talker int4, predictor int8, vocoder fp32' from the plan's components."""
-    from ..backends.bundle import read_manifest
-    from ..backends.plan import load_plan
+    from ..plans.bundle import read_manifest
+    from ..plans.plan import load_plan
 
     plan = load_plan(plan_path)
     specs = [(short, plan.get(name)) for name, short in

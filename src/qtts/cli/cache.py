@@ -1,4 +1,4 @@
-"""``qtts cache ls|build|rm``: the plans built for checkpoints (:mod:`qtts.backends.cache`)."""
+"""``qtts cache ls|build|rm``: the plans built for checkpoints (:mod:`qtts.plans.cache`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 def entries(root: str | None = None) -> list[dict]:
     """One dict per folder under the cache's bundles/: key, path, size, preset, model, state."""
-    from ..backends import cache
+    from ..plans import cache
 
     base = cache.bundles_dir(root)
     out = []
@@ -57,7 +57,7 @@ def disk_bytes(paths) -> int:
 
 
 def run_ls(args) -> int:
-    from ..backends import cache
+    from ..plans import cache
 
     rows = entries()
     total = disk_bytes(r["path"] for r in rows)
@@ -71,7 +71,8 @@ def run_ls(args) -> int:
 
 
 def run_build(args) -> int:
-    from ..backends import cache, snapshot_dir
+    from ..backends import snapshot_dir
+    from ..plans import cache
 
     preset = cache.preset_name(args.plan or cache.DEFAULT_PRESET)
     if preset is None:
@@ -83,8 +84,8 @@ def run_build(args) -> int:
 
 def run_rm(args) -> int:
     from ..backends import snapshot_dir
-    from ..backends.bundle import fingerprint
-    from ..backends.cache import PRESETS, REFUSED, bundles_dir, preset_name
+    from ..plans.bundle import fingerprint
+    from ..plans.cache import PRESETS, REFUSED, bundles_dir, preset_name
 
     if not (args.keys or args.model or args.plan or args.all):
         raise InputError("say what to remove: KEY (from qtts cache ls), -m MODEL, --plan PRESET or --all")

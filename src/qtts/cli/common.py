@@ -23,7 +23,7 @@ NO_BUILD_HELP = ("fail instead of building a preset's bundle that is not cached 
 def cli_plan(args, listeners: tuple = ()):
     """``--plan`` resolved for ``--model`` (a preset's bundle is built now if missing and allowed)."""
     from ..backends import snapshot_dir
-    from ..backends.cache import resolve_plan
+    from ..plans.cache import resolve_plan
 
     no_build = True if getattr(args, "no_build", False) else None
     return resolve_plan(args.plan, snapshot_dir(args.model), getattr(args, "dtype", "float32"),
@@ -203,7 +203,7 @@ def add_stderr_handler(logger: logging.Logger, fmt: str, formatter=logging.Forma
 
 #: library loggers whose INFO records are progress a user waits on (a plan build: "building the 'fast'
 #: plan", its phases, "built"): the CLI shows them at its default verbosity, as plain lines
-PROGRESS_LOGGERS = ("qtts.backends.build",)
+PROGRESS_LOGGERS = ("qtts.plans.build",)
 
 
 class CliFormatter(logging.Formatter):

@@ -7,9 +7,9 @@ import json
 import os
 import time
 
-from ..backends.plan import COMPONENTS, LEGACY_NAMES
 from ..backends.tables import STORAGES as TABLE_STORAGES
 from ..errors import InputError
+from ..plans.plan import COMPONENTS, LEGACY_NAMES
 from .bench import register as register_bench
 from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
 from .export_et import register_et
@@ -130,8 +130,8 @@ def run_export_onnx(args) -> int:
 
 
 def run_export_vocoder(args) -> int:
-    from ..backends.plan import plan_snippet
     from ..export.vocoder import export_vocoder_onnx, report_text, verify_onnx
+    from ..plans.plan import plan_snippet
 
     check_file(args.output, suffixes=(".onnx",))
     report = export_vocoder_onnx(args.model, args.chunk_frames, args.output)
@@ -173,8 +173,8 @@ def _export_rknn_arguments(p) -> None:
 
 
 def run_export_rknn(args) -> int:
-    from ..backends.plan import plan_snippet
     from ..export.rknn import compile_rknn
+    from ..plans.plan import plan_snippet
 
     if args.output:
         check_file(args.output, suffixes=(".rknn",))

@@ -194,7 +194,7 @@ def resolve_voice(tts, args):
 def run_say(args) -> int:
     from ..api import load
     from ..audio.codes import CODES_SUFFIXES
-    from ..backends.cache import plan_short
+    from ..plans.cache import plan_short
 
     if args.live and args.non_streaming_text:
         raise InputError("--live feeds the text as it arrives, which needs the streaming text layout: "
@@ -337,7 +337,7 @@ def run_decode(args) -> int:
 def check_codec(codes_path: str, codec: str | None, model: str) -> None:
     """Refuse codes whose file names another speech tokenizer than ``--model``'s (before loading it)."""
     from ..backends import snapshot_dir
-    from ..backends.bundle import codec_fingerprint
+    from ..plans.bundle import codec_fingerprint
 
     if codec is None:
         return  # an .npy, or an .npz written by hand: nothing to check

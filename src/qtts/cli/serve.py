@@ -159,8 +159,8 @@ def _load_engines(args, state) -> None:
 
     import qtts
 
-    from ..backends.cache import plan_label
     from ..errors import InputError
+    from ..plans.cache import plan_label
 
     k, batch = args.max_concurrency, args.max_batch or 1
     threads = args.threads or (None if batch > 1 else max(1, (os.cpu_count() or 1) // k))
@@ -260,8 +260,8 @@ def run(args) -> int:
     import importlib.util
     import threading
 
-    from ..backends.cache import TORCH, check_plan_name, env_no_build, preset_name
     from ..errors import require
+    from ..plans.cache import TORCH, check_plan_name, env_no_build, preset_name
 
     require("fastapi", "serve", "qtts serve")
     require("uvicorn", "serve", "qtts serve")
@@ -279,7 +279,7 @@ def run(args) -> int:
     check_aligner(args.aligner)
     check_plan_name(args.plan)
     if args.plan and args.plan != TORCH and preset_name(args.plan) is None:
-        from ..backends.plan import load_plan
+        from ..plans.plan import load_plan
 
         load_plan(args.plan)  # a missing or unreadable plan file: exit 2 before serving
     _access_log()

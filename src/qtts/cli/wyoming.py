@@ -107,7 +107,7 @@ def run(args) -> int:
     limit_arenas()  # before any thread starts (qtts.server.malloc)
     _check_uri(args.uri)
     settings = _settings(args)
-    from ..backends.cache import plan_label
+    from ..plans.cache import plan_label
 
     check_port_free(args.uri)
     tts = load(args.model, plan=cli_plan(args), dtype=args.dtype, threads=args.threads)

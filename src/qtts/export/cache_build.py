@@ -3,9 +3,9 @@
 ``python -m qtts.export.cache_build SNAPSHOT OUT --options JSON --info JSON --info-path PATH``
 exports ``SNAPSHOT`` into the new folder ``OUT`` with ``ExportOptions(**options)``, then writes
 ``info`` (plus the export versions and the build time) to ``PATH``. Not a user command (``qtts
-cache build`` is): :func:`qtts.backends.build.run_child` starts it for :mod:`qtts.backends.cache`,
+cache build`` is): :func:`qtts.plans.build.run_child` starts it for :mod:`qtts.plans.cache`,
 which keeps the key lock, the staging folder and the rename, and shows the progress. This side
-speaks the line protocol of :mod:`qtts.backends.build` on the stdout it was given (anything else
+speaks the line protocol of :mod:`qtts.plans.build` on the stdout it was given (anything else
 it prints goes to stderr) and stops when its stdin closes (the parent is gone), so a build never
 outlives the process waiting for it.
 
@@ -28,9 +28,9 @@ import threading
 import time
 import traceback
 
-from ..backends.build import EXIT_ORPHANED, emit
-from ..backends.bundle import write_json
 from ..errors import InputError, QttsError
+from ..plans.build import EXIT_ORPHANED, emit
+from ..plans.bundle import write_json
 
 ENV_TEST_EXPORTER = "QTTS_TEST_EXPORTER"
 

@@ -4,7 +4,7 @@ A bundle directory holds the graphs (``*.onnx`` + one ``*.onnx.data`` external-d
 numpy embedding tables (``tables/*.npy``, loaded with ``mmap_mode='r'``), the vocoder step
 artifacts (from :mod:`qtts.export.vocoder`), ``plan.json`` (per component impl / artifacts /
 precision) and ``manifest.json`` (the source checkpoint's fingerprint and sha256, opset, graph
-inputs/outputs, precision per component, qtts version; see :mod:`qtts.backends.bundle`). Export is
+inputs/outputs, precision per component, qtts version; see :mod:`qtts.plans.bundle`). Export is
 deterministic: the same checkpoint and options give byte-identical files. The bundle is built in
 a temporary directory beside the target and swapped in at the end, so a failed export leaves the
 target as it was, and a re-export never mixes files of two exports.
@@ -19,11 +19,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
-from ..backends.plan import COMPONENTS
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from ..files import temp_dir_beside
+from ..plans.bundle import MANIFEST, PLAN, source_info, write_json
+from ..plans.plan import COMPONENTS
 from .quantize import DEFAULT_BLOCK_SIZE
 from .write import OPSET, checkpoint_hash, export_graph, write_tables
 
@@ -174,7 +174,7 @@ def _phase(progress, name: str) -> None:
 
 def export_generation(talker, out: str, opts: ExportOptions, progress=None, recipe=None) -> tuple[dict, dict, dict]:
     """Talker, predictor, text projection and tables -> (plan entries, graph meta, runtime files);
-    ``progress(phase)`` is told each phase (:data:`qtts.backends.build.PHASES`); ``recipe``: the weights'
+    ``progress(phase)`` is told each phase (:data:`qtts.plans.build.PHASES`); ``recipe``: the weights'
     precisions (default: the one ``opts`` asks for, :func:`qtts.export.recipe.for_talker`)."""
     cfg, pcfg = talker.cfg, talker.code_predictor.cfg
     if (pcfg.head_dim, pcfg.rope_theta) != (cfg.head_dim, cfg.rope_theta):
@@ -340,7 +340,7 @@ def _swap(new: str, out: str) -> None:
 
 def borrowed_vocoder(bundle: str, out: str) -> dict:
     """The ``vocoder`` entry of another bundle's plan with artifact paths relative to ``out``."""
-    from ..backends.plan import load_plan
+    from ..plans.plan import load_plan
 
     spec = load_plan(os.path.join(bundle, PLAN)).get("vocoder")
     if spec.impl == "torch" or not spec.artifacts:

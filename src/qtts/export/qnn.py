@@ -80,8 +80,8 @@ def export_qnn_bundle(model, out_dir: str, codes_length: int = 4, soc_model: str
     The talker stays torch (the plan does not name it). Returns {"plan": path, "predictor": report,
     "vocoder": report}.
     """
-    from ..backends.bundle import MANIFEST, PLAN, source_info, write_json
-    from ..backends.plan import PLAN_VERSION
+    from ..plans.bundle import MANIFEST, PLAN, source_info, write_json
+    from ..plans.plan import PLAN_VERSION
     from .vocoder import export_vocoder_onnx
 
     out_dir = os.path.abspath(out_dir)

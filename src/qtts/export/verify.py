@@ -244,8 +244,8 @@ def plan_weights(plan, plan_path: str | None) -> dict | None:
     """Bits per streamed weight of the plan's ONNX talker and predictor graphs, from their actual
     weights (:func:`qtts.export.quantize.streamed_weights`; a frame runs each graph once), and the
     bundle's weight recipe; None for a plan without them."""
-    from ..backends.bundle import read_manifest
     from ..errors import InputError
+    from ..plans.bundle import read_manifest
     from .quantize import streamed_weights
 
     out = {}

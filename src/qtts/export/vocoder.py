@@ -19,10 +19,10 @@ from collections import Counter
 
 import numpy as np
 
-from ..backends.bundle import write_json
 from ..backends.vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
 from ..errors import InputError, QttsError, require
 from ..files import publish, temp_beside
+from ..plans.bundle import write_json
 from .write import export_single_file
 
 log = logging.getLogger(__name__)

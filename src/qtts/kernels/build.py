@@ -53,7 +53,7 @@ def library_name() -> str:
 
 
 def kernels_root() -> str:
-    """``$QTTS_CACHE/kernels`` (the plan cache's folder, :func:`qtts.backends.cache.cache_root`)."""
+    """``$QTTS_CACHE/kernels`` (the plan cache's folder, :func:`qtts.plans.cache.cache_root`)."""
     root = os.environ.get("QTTS_CACHE") or os.path.join("~", ".cache", "qtts")
     return os.path.join(os.path.abspath(os.path.expanduser(root)), "kernels")
 

@@ -103,7 +103,7 @@ class ServerState:
         self.load_error = message
 
     def build_listener(self, what: str):
-        """A :mod:`qtts.backends.build` progress listener: /health says how far the plan build is."""
+        """A :mod:`qtts.plans.build` progress listener: /health says how far the plan build is."""
 
         def listen(percent: int, phase: str) -> None:
             self.building = None if phase == "done" else f"building {what}, {percent} % ({phase})"
@@ -126,7 +126,7 @@ class ServerState:
                 info[attr] = value
         plan = getattr(getattr(e, "components", None), "plan", None)
         if plan is not None:
-            from ..backends.cache import plan_label
+            from ..plans.cache import plan_label
 
             info["plan"] = plan_label(plan)
         info["speakers"] = engine_speakers(e)

@@ -1,6 +1,6 @@
 """Building a missing plan in a child process, and showing its progress.
 
-:mod:`qtts.backends.cache` owns a build's key lock, its staging folder and the final rename;
+:mod:`qtts.plans.cache` owns a build's key lock, its staging folder and the final rename;
 :func:`run_child` runs the export step itself in a child process (``python -m
 qtts.export.cache_build``, :data:`CHILD`), so the loading process (a server, ``qtts say``, an API
 user) never imports ``qtts.export`` or torch for it, and the child's memory (a full-size 0.6B build

@@ -39,7 +39,7 @@ IMPLS = ("torch", "onnx", "rknn", "qnn", "executorch")
 PLAN_VERSION = 1
 _ENTRY_KEYS = ("impl", "artifacts", "options", "precision")
 #: the plan name of the torch fp32 reference, and the variable that names a plan when a caller passes none
-#: (qtts.backends.cache reads both too: it resolves every other plan name)
+#: (qtts.plans.cache reads both too: it resolves every other plan name)
 TORCH, ENV_PLAN = "torch", "QTTS_PLAN"
 
 
@@ -144,7 +144,7 @@ def renamed(data: dict, where: str) -> dict:
 def names_torch(plan) -> bool:
     """True when ``plan`` (or ``$QTTS_PLAN`` when ``plan`` is None) is ``"torch"``: the torch fp32
     reference, the empty :class:`Plan`. :func:`qtts.backends.open` then needs no plan cache (presets,
-    bundles, builds: :mod:`qtts.backends.cache`), which resolves every other plan argument."""
+    bundles, builds: :mod:`qtts.plans.cache`), which resolves every other plan argument."""
     if plan is None:
         plan = os.environ.get(ENV_PLAN) or None
     return isinstance(plan, str) and plan == TORCH

@@ -12,7 +12,7 @@ the preset, and a hash of everything else the bundle depends on (:func:`cache_ke
 A missing bundle is built once (:func:`build` here: a key lock, a staging folder renamed when
 complete) when the export extra is installed, unless ``no_build`` / ``$QTTS_NO_BUILD=1``, which make
 it an error naming the command that builds it. The export itself runs in a child process
-(:mod:`qtts.backends.build`): this process never imports ``qtts.export`` or torch to build, and the
+(:mod:`qtts.plans.build`): this process never imports ``qtts.export`` or torch to build, and the
 child's memory goes back to the system when it ends.
 """
 
