@@ -129,6 +129,11 @@ def test_int8_onnx_aligner_from_the_cache(aligner_dir, tmp_path, monkeypatch):
     assert onnx8.runtime == "onnx-int8" and again.model.path == onnx8.model.path  # exported once, then reused
     assert sorted(p.name for p in (tmp_path / "cache" / "aligner").iterdir()) == [
         p.name for p in (tmp_path / "cache" / "aligner").iterdir() if p.name.endswith("-int8")]
+    from qtts.align import runtime
+
+    folder = (tmp_path / "cache" / "aligner").iterdir().__next__()
+    runtime._export(aligner_dir, "int8", str(folder))  # a second process losing the race uses the first's graph
+    assert (folder / "aligner.onnx").is_file() and [p.name for p in folder.parent.iterdir()] == [folder.name]
     fp32 = open_aligner(aligner_dir, "onnx")
     torch_ = ForcedAligner.from_dir(aligner_dir)
     wav = np.random.default_rng(0).standard_normal(3 * SAMPLES_PER_FRAME * 12).astype(np.float32) * 0.1

@@ -127,10 +127,13 @@ def _export(snapshot: str, precision: str, folder: str) -> None:
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
             raise QttsError(f"building the {precision} ONNX aligner of {snapshot} failed: {tail[0]}")
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process published the same graph first: use theirs
+            if not os.path.isfile(os.path.join(folder, "aligner.onnx")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; a failed or losing build's files
 
 
 def open_aligner(snapshot: str, runtime: str = "onnx-int8", graph: str | None = None,
