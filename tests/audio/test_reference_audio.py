@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qtts import voice as voice_mod
 from qtts.cli import main
 from qtts.errors import InputError
 from qtts.voice import MAX_SECONDS, ReferenceTooLong, load_reference_audio, probe_reference
+from qtts.voice import reference as voice_mod
 from support.hostile_audio import flac_claiming, square_flac, wav_8bit
 
 

@@ -120,7 +120,7 @@ def test_a_voice_rewritten_with_its_old_mtime_is_read_again(srv):
 
 def test_the_file_cache_reads_real_voice_files_by_identity(tmp_path):
     from qtts.voice import Voice
-    from qtts.voice_files import VoiceFileCache
+    from qtts.voice.folder import VoiceFileCache
 
     def voice(x: float) -> Voice:
         return Voice(speaker=np.full(8, x, np.float32), model_type="base", model_size="0.6b", name="n")
@@ -140,7 +140,7 @@ def test_the_file_cache_is_bounded(tmp_path):
     """Voice files that come and go on disk (never deleted through the API) are not kept for ever:
     the cache holds at most max_entries, least recently used out first."""
     from qtts.voice import Voice
-    from qtts.voice_files import VoiceFileCache
+    from qtts.voice.folder import VoiceFileCache
 
     cache = VoiceFileCache(max_entries=5)
     for i in range(10):

@@ -4,7 +4,7 @@ Ids are 1-64 characters of ``A-Z a-z 0-9 _ -`` (whole-string match: no trailing 
 the path sits directly inside the voices directory, so no id can name a file elsewhere. Only
 regular files are voices: symlinks are never followed, listed or served, and ``DELETE`` removes
 the named entry only (a symlink itself, never its target). Listing and loading survive files that
-vanish or change meanwhile (:mod:`qtts.voice_files`); loaded voices are cached by file identity
+vanish or change meanwhile (:mod:`qtts.voice.folder`); loaded voices are cached by file identity
 (inode, size, mtime and ctime in ns), so a file replaced with its old mtime is read again. A name being created is *reserved* (under
 a lock) from before its upload is read until its file is published with ``os.link`` (which
 fails if the name exists), so of two racing uploads with one name exactly one wins.
@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 
-from ..voice_files import VoiceFileCache, VoiceFileMissing, regular_entries
+from ..voice.folder import VoiceFileCache, VoiceFileMissing, regular_entries
 from .errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class VoiceStore:
 
     @property
     def loader(self):
-        """path -> Voice (tests); None: the voice file's own bytes (:class:`qtts.voice_files.VoiceFileCache`)."""
+        """path -> Voice (tests); None: the voice file's own bytes (:class:`qtts.voice.folder.VoiceFileCache`)."""
         return self._cache.loader
 
     @loader.setter

@@ -2,7 +2,7 @@
 
 Voices by checkpoint: CustomVoice -> its speakers; Base -> the saved ``.voice`` files of the
 voices directory (``qtts voice create``; regular files only: symlinks are neither listed nor
-followed, and a file changed on disk is read again, :mod:`qtts.voice_files`); VoiceDesign -> one voice, ``design``, speaking with the
+followed, and a file changed on disk is read again, :mod:`qtts.voice.folder`); VoiceDesign -> one voice, ``design``, speaking with the
 server's ``--instruct``. Languages are advertised as ISO 639-1 codes (what Home Assistant
 matches a pipeline language against); a request may send a code (``en``, ``en_US``, ``en-GB``),
 a model language name (``english``, ``sichuan_dialect``) or ``auto``.
@@ -17,7 +17,7 @@ import re
 
 from ..errors import InputError
 from ..version import __version__
-from ..voice_files import VoiceFileCache, regular_entries
+from ..voice.folder import VoiceFileCache, regular_entries
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,13 @@ programs may replace, delete or turn into symlinks at any moment. So:
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import struct
 import threading
 from collections import OrderedDict
 
-from .errors import InputError
+from ..errors import InputError
+from .file import Voice
 
 #: a voice file is a few KB (x-vector) to a few hundred KB (ICL reference codes); bigger is refused
 MAX_VOICE_BYTES = 16 * 1024 * 1024
@@ -82,22 +81,9 @@ def _read_all(fd: int, size: int, name: str) -> bytes:
     return b"".join(chunks)
 
 
-def voice_from_bytes(data: bytes, name: str):
-    """A validated :class:`qtts.Voice` from the bytes of a voice file (as ``Voice.load`` reads one)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
-    from .voice import Voice
-
-    try:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + n])
-        meta = dict(header.get("__metadata__") or {}) if isinstance(header, dict) else {}
-        tensors = load(data)
-    except (SafetensorError, struct.error, ValueError, TypeError) as exc:
-        raise InputError(f"'{name}' is not a readable qtts voice file ({exc}); re-create it with qtts voice "
-                         "create") from None
-    return Voice._from_parts(name, meta, tensors)
+def voice_from_bytes(data: bytes, name: str) -> Voice:
+    """A validated :class:`qtts.Voice` from the bytes of a voice file (:meth:`Voice.from_bytes`)."""
+    return Voice.from_bytes(data, name)
 
 
 class VoiceFileCache:
