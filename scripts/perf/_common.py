@@ -92,3 +92,23 @@ def collapse_huge() -> None:
 
     os.environ.pop(pages.ENV, None)
     pages.advise()
+
+
+def add_batch_arguments(p, frames: int) -> None:
+    """The flags of a batched-engine probe (``--model --streams --frames --rounds --threads``)."""
+    p.add_argument("--model", required=True, help="snapshot dir (a CustomVoice or Base checkpoint)")
+    p.add_argument("--streams", type=int, default=1, help="streams run together (1-4; default 1)")
+    p.add_argument("--frames", type=int, default=frames, help=f"frames per stream and run (default {frames})")
+    p.add_argument("--rounds", type=int, default=4, help="runs of each variant, interleaved (default 4)")
+    p.add_argument("--threads", type=int, default=2)
+
+
+def batch_requests(parts, streams: int, frames: int) -> list:
+    """``streams`` requests of exactly ``frames`` frames each (EOS blocked) for the batch loop of the
+    tests' support.batch_util (the caller puts tests/ on sys.path): named speakers, else random voices."""
+    from support.batch_util import request, voices
+
+    speakers = list(parts.config.speakers or [])
+    cond = [{"speaker": s} for s in speakers] if speakers else [{"voice": v} for v in voices(parts.config)]
+    text = "A sentence of a medium length for the benchmark, spoken once."
+    return [request(parts, f"s{i}", text, frames, min_frames=frames, **cond[i % len(cond)]) for i in range(streams)]

@@ -22,29 +22,22 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+from _common import add_batch_arguments, batch_requests  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="snapshot dir (a CustomVoice or Base checkpoint)")
-    p.add_argument("--streams", type=int, default=1, help="streams run together (1-4; default 1)")
-    p.add_argument("--frames", type=int, default=12, help="frames per stream and run (default 12)")
-    p.add_argument("--rounds", type=int, default=4, help="runs of each variant, interleaved (default 4)")
-    p.add_argument("--threads", type=int, default=2)
+    add_batch_arguments(p, frames=12)
     args = p.parse_args(argv)
     if not 1 <= args.streams <= 4:
         p.error("--streams must be 1-4 (the engine has 4 rows)")
 
     import qtts.backends.torch as torch_backend
     from qtts.backends import open as open_parts
-    from support.batch_util import request, run_batch, voices
+    from support.batch_util import run_batch
 
     parts = open_parts(args.model, plan="torch", threads=args.threads, max_batch=4, parts=("generation",))
-    speakers = list(parts.config.speakers or [])
-    cond = [{"speaker": s} for s in speakers] if speakers else [{"voice": v} for v in voices(parts.config)]
-    text = "A sentence of a medium length for the benchmark, spoken once."
-    reqs = [request(parts, f"s{i}", text, args.frames, min_frames=args.frames, **cond[i % len(cond)])
-            for i in range(args.streams)]  # fmt: skip
+    reqs = batch_requests(parts, args.streams, args.frames)
     product = torch_backend.RowLinear
     ms = {"one call of all rows": [], "groups of 3 rows (the product)": []}
     run_batch(parts.backend, {0: reqs})  # warm-up: first-call allocations, oneDNN primitive caches

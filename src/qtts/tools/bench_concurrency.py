@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import TEXT, busy_jiffies, foreign_cores, rss_mb
+from .bench import TEXT, bench_voice, busy_jiffies, foreign_cores, rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +55,6 @@ def _bench_tts(parts):
     return tts
 
 
-def _voice(tts) -> dict:
-    """A named speaker on CustomVoice checkpoints, else a fixed random x-vector (as ``qtts bench``)."""
-    from ..voice import Voice
-
-    cfg = tts.config
-    if cfg.speakers:
-        return {"speaker": cfg.speakers[0]}
-    dim = cfg.speaker_encoder.enc_dim if cfg.speaker_encoder is not None else cfg.talker.hidden_size
-    vec = np.random.default_rng(1234).standard_normal(dim).astype(np.float32) * 0.05
-    return {"voice": Voice(vec, model_size=cfg.tts_model_size)}
-
-
 def _one_stream(tts, opts: ConcurrencyOptions, index: int, frames: int, barrier, out: list) -> None:
     from ..options import SynthesisOptions
 
@@ -74,7 +62,7 @@ def _one_stream(tts, opts: ConcurrencyOptions, index: int, frames: int, barrier,
     barrier.wait()
     t0 = time.perf_counter()
     first, samples = None, 0
-    for chunk in tts.stream(opts.text, options=options, **_voice(tts)):
+    for chunk in tts.stream(opts.text, options=options, **bench_voice(tts.config)):
         samples += len(chunk.samples)
         if first is None and len(chunk.samples):
             first = time.perf_counter() - t0

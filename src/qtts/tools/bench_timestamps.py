@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bench import bench_voice
+
 log = logging.getLogger(__name__)
 
 #: four sentence pieces (max_sentence_chars 60 packs one sentence per piece)
@@ -35,12 +37,6 @@ class TimestampBenchOptions:
     repeats: int = 3
     threads: int = 2
     runtimes: tuple = ("onnx", "onnx-int8")
-
-
-def _speaker(tts) -> dict:
-    from .bench_concurrency import _voice
-
-    return _voice(tts)
 
 
 def stream_run(tts, options, voice: dict) -> dict:
@@ -67,7 +63,7 @@ def bench_stream(tts, opts: TimestampBenchOptions) -> dict:
 
     pieces = len(tts.synth.pieces(TEXT, SynthesisOptions(max_sentence_chars=PIECE_CHARS)))
     base = SynthesisOptions(max_frames=max(1, opts.frames // pieces), seed=0, max_sentence_chars=PIECE_CHARS)
-    voice = _speaker(tts)
+    voice = bench_voice(tts.config)
     runs: dict = {"off": [], "on": []}
     for side in ("off", "on"):  # warm-up: sessions, the aligner's load
         stream_run(tts, SynthesisOptions(**{**base.__dict__, "timestamps": side == "on", "max_frames": 4}), voice)
@@ -112,7 +108,7 @@ def bench_timestamps(model: str, plan, aligner: str | None, opts: TimestampBench
     tts.synth.exact_frames = True
     stream = bench_stream(tts, opts)
     piece = tts.synth.pieces(TEXT, SynthesisOptions(max_sentence_chars=PIECE_CHARS))[0]
-    audio = tts.synthesize(piece, options=SynthesisOptions(max_frames=opts.frames // 4, seed=0), **_speaker(tts))
+    audio = tts.synthesize(piece, options=SynthesisOptions(max_frames=opts.frames // 4, seed=0), **bench_voice(tts.config))
     rows = bench_aligner(worker.aligner.config.source_dir, audio.samples, piece, opts)
     tts.close()
     return {"stream": stream, "aligner": rows, "stream_aligner_runtime": worker.runtime}
