@@ -135,6 +135,17 @@ def test_bench_concurrency_cli(tiny_snapshot, tmp_path, capsys):
         assert r["aggregate"] > 0 and len(r["ttfa_s"]) == r["streams"] and r["ttfa_p95"] >= r["ttfa_p50"] > 0
 
 
+def test_bench_concurrency_of_one_stream_runs_a_batched_engine(tiny_snapshot, capsys):
+    """`--concurrency 1` compares one stream on a batched engine with one engine (it crashed: a
+    max_batch of 1 made no batch engine)."""
+    from qtts.cli import main
+
+    assert main(["bench", "-m", tiny_snapshot(), "--concurrency", "1", "--frames", "4", "--repeats", "1",
+                 "--threads", "1"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "| torch fp32 | 1 | 1 batched engine |" in text and "| torch fp32 | 1 | 1 engine(s) |" in text
+
+
 @pytest.mark.parametrize("levels", ["0", "1,x", "", "1,65"])
 def test_bench_concurrency_refuses_bad_levels(levels, capsys):
     from qtts.cli import main

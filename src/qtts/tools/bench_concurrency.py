@@ -3,7 +3,7 @@
 Method (``qtts bench --concurrency 1,2,4,8``): for each level K, rounds alternate between the two
 ways a server can run K requests, in one process:
 
-* **batched**: one engine (``qtts.load(..., max_batch=max(levels))``, ``threads`` intra-op threads)
+* **batched**: one engine (``qtts.load(..., max_batch=max(2, *levels))``, ``threads`` intra-op threads)
   and K caller threads, each running ``TTS.stream`` (the vocoder steps of all K on the batcher thread);
 * **engines**: today's ``qtts serve --max-concurrency K``: K engines, each with ``threads // K``
   intra-op threads (at least 1), one caller thread each.
@@ -121,7 +121,7 @@ def bench_concurrency(model: str, plan, opts: ConcurrencyOptions, label: str | N
     """Rows (one per level and way) for ``plan`` (None = torch fp32) on ``model``."""
     levels = tuple(int(k) for k in opts.levels)
     before = rss_mb()
-    batched = _load(model, plan, opts.threads, max_batch=max(levels))
+    batched = _load(model, plan, opts.threads, max_batch=max(2, *levels))  # a batched engine even for --concurrency 1
     run_round([batched], 1, opts, frames=4)  # warm-up: sessions, caches, the engine thread
     one_mb = max(rss_mb() - before, 1.0)
     rows = []
