@@ -173,6 +173,42 @@ def test_stream_not_ready_is_skipped_then_resumes_exactly(base_parts, onnx_parts
     assert held["steps"] == 4
 
 
+def test_a_held_stream_waits_for_its_first_audio_and_others_step_on(base_parts):
+    """``hold = (1, event)`` (what TTS.stream passes on a batched engine): after its first frame the
+    stream takes no talker step until its first chunk is decoded (the event), so that decode gets the
+    cores; the other stream steps on meanwhile, and both get exactly their alone codes."""
+    import threading
+
+    from support.batch_util import Sink
+
+    reqs = base_requests(base_parts)[:2]
+    ref = {r.name: alone(base_parts.backend, r) for r in reqs}
+    loop, first_audio = batching.BatchLoop(base_parts.backend, max_batch=4), threading.Event()
+    sinks = {r.name: Sink() for r in reqs}
+    loop.add(reqs[0].prompt, reqs[0].params, reqs[0].speaker, sinks["a"], hold=(1, first_audio))
+    loop.add(reqs[1].prompt, reqs[1].params, reqs[1].speaker, sinks["b"])
+    for _ in range(5):
+        loop.step()
+    assert len(sinks["a"].codes) == 1 and len(sinks["b"].codes) == 4  # b admitted one step later
+    first_audio.set()
+    while loop.busy:
+        loop.step()
+    for r in reqs:
+        np.testing.assert_array_equal(sinks[r.name].codes, ref[r.name][0], err_msg=r.name)
+
+
+def test_first_audio_event_wakes_the_engine(base_parts):
+    """BatchEngine.first_audio(): setting it wakes the engine thread (a lone held stream resumes at once)."""
+    engine = batching.BatchEngine(base_parts.backend, max_batch=2)
+    try:
+        event = engine.first_audio()
+        engine._wake.clear()
+        event.set()
+        assert event.is_set() and engine._wake.is_set()
+    finally:
+        engine.close()
+
+
 def test_row_limit_and_fifo_admission(base_parts):
     reqs = base_requests(base_parts)
     _, stats = check_same_as_alone(base_parts.backend, base_parts.backend, reqs, schedule={0: [0, 1, 2, 3, 4]},

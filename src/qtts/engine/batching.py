@@ -56,9 +56,11 @@ class StepStats:
 class _Row:
     """One stream inside the loop (the loop thread owns everything but ``closed``)."""
 
-    def __init__(self, prompt, params, speaker, sink, text=None):
+    def __init__(self, prompt, params, speaker, sink, text=None, hold=None):
         self.prompt, self.params, self.speaker, self.sink = prompt, params, speaker, sink
         self.text = text  # a live text source (qtts.text.live.LiveContext) or None
+        self.hold = hold  # (n, event): after n frames the talker waits until the event is set
+        self.frames = 0  # frames delivered
         self.state = None  # StreamState once admitted
         self.pending: np.ndarray | None = None  # a delivered frame the talker has not been fed yet
         self.closed = False  # set by the consumer (any thread): stop at the next step
@@ -67,6 +69,10 @@ class _Row:
     def cancelled(self) -> bool:
         cancel = self.params.cancel
         return self.closed or (cancel is not None and cancel.is_set())
+
+    def held(self) -> bool:
+        """True while the stream's first chunk is being decoded: its talker step waits (others move on)."""
+        return self.hold is not None and self.frames >= self.hold[0] and not self.hold[1].is_set()
 
 
 class BatchLoop:
@@ -89,10 +95,11 @@ class BatchLoop:
     def waiting(self) -> int:
         return len(self._joining)
 
-    def add(self, prompt, params, speaker, sink, text=None) -> _Row:
+    def add(self, prompt, params, speaker, sink, text=None, hold=None) -> _Row:
         """Queue a stream (``text``: a live text source); ``sink(kind, value)`` gets ("frame", codes [16]),
-        then ("end", reason) or ("error", exc)."""
-        row = _Row(prompt, params, speaker, sink, text)
+        then ("end", reason) or ("error", exc). ``hold = (n, event)``: after ``n`` frames the stream's
+        talker step waits until ``event`` is set (its first chunk decoded, see :meth:`BatchEngine.first_audio`)."""
+        row = _Row(prompt, params, speaker, sink, text, hold)
         self._joining.append(row)
         return row
 
@@ -169,6 +176,7 @@ class BatchLoop:
             intervals.append(now - row.last)
             row.last = now
             row.pending = codes
+            row.frames += 1
             row.sink("frame", codes)
             watchdog = row.state.watchdog
             if watchdog is not None and watchdog.update(int(codes[0])):
@@ -177,7 +185,7 @@ class BatchLoop:
         return len(picks), intervals
 
     def _advance(self) -> int:
-        rows = [r for r in self.rows if r.pending is not None and not r.closed and ready(r.state)]
+        rows = [r for r in self.rows if r.pending is not None and not r.closed and not r.held() and ready(r.state)]
         if not rows:
             return 0
         try:
@@ -254,6 +262,18 @@ class BatchStream:
         self._done = True
 
 
+class _WakingEvent(threading.Event):
+    """An event that also wakes an engine thread when set."""
+
+    def __init__(self, wake):
+        super().__init__()
+        self._wake_engine = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake_engine()
+
+
 class BatchEngine:
     """One :class:`BatchLoop` on its own thread, shared by every caller; :meth:`submit` is thread-safe.
 
@@ -277,14 +297,14 @@ class BatchEngine:
         if fn in self._observers:
             self._observers.remove(fn)
 
-    def submit(self, prompt, params, speaker: np.ndarray | None = None, text=None) -> BatchStream:
+    def submit(self, prompt, params, speaker: np.ndarray | None = None, text=None, hold=None) -> BatchStream:
         """Queue a generation (``text``: a live text source); it joins the batch at the next step
-        with a free row."""
+        with a free row. ``hold``: see :meth:`BatchLoop.add`."""
         stream = BatchStream(self)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batch engine is closed")
-            stream._row = self.loop.add(prompt, params, speaker, stream.put, text)
+            stream._row = self.loop.add(prompt, params, speaker, stream.put, text, hold)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="qtts-batch", daemon=True)
                 self._thread.start()
@@ -293,6 +313,14 @@ class BatchEngine:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def first_audio(self) -> threading.Event:
+        """An event for a stream's ``hold``: setting it (its first chunk is decoded) wakes the engine.
+
+        As the one-stream pipeline's ``run_ahead`` hold does: a stream's first vocoder step gets the
+        cores its talker step would take, so a lone stream's first audio is as early as on one engine;
+        the other streams keep stepping meanwhile."""
+        return _WakingEvent(self.wake)
 
     @property
     def active(self) -> int:

@@ -128,26 +128,29 @@ class Synthesis:
             **({"min_frames": max_frames} if exact else {}),
         )  # fmt: skip
 
-    def generate(self, prompt, params: LoopParams, speaker, text=None):
+    def generate(self, prompt, params: LoopParams, speaker, text=None, hold=None):
         """Frames of one prompt (``text``: a live text source): a :class:`~qtts.engine.generate.Generation`,
-        or a stream of the shared batch."""
+        or a stream of the shared batch (``hold``: :meth:`~qtts.engine.batching.BatchLoop.add`)."""
         batch = self.batch
         if batch is None:
             return generate(self.components.backend, prompt, params, speaker=speaker, text=text)
-        return batch.submit(prompt, params, speaker, text=text)
+        return batch.submit(prompt, params, speaker, text=text, hold=hold)
 
     def text(self, pieces, mode, options) -> Iterator[AudioChunk]:
         """``TTS.stream``'s body: the frames of every piece through :func:`~qtts.engine.stream.chunks`."""
         stats = StreamStats(pieces=len(pieces))
         chunker = Chunker(self.vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
                           options.chunk_frames)  # fmt: skip
+        batch = self.batch if options.pipeline else None  # a batched stream waits for its first decode too
+        first_decoded = batch.first_audio() if batch is not None else threading.Event()
+        hold = None if batch is None else (options.first_chunk_frames, first_decoded)
 
         def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
             for index, piece in enumerate(pieces):
                 prompt = build_prompt(self.config, self.components.tokenizer, piece, mode, options.non_streaming_text)
                 budget = options.max_frames or frame_budget(prompt.text_token_count,
                                                             cap=int(self.config.generation.max_new_tokens))
-                gen = self.generate(prompt, self.loop_params(budget, options, index, cancel), mode.xvector)
+                gen = self.generate(prompt, self.loop_params(budget, options, index, cancel), mode.xvector, hold=hold)
                 yield from closing_frames(gen)
                 stats.finish_reasons.append(gen.finish_reason)
                 if gen.finish_reason == "cancelled":
@@ -155,7 +158,6 @@ class Synthesis:
                 if options.timestamps:
                     yield PieceEnd(piece)
 
-        first_decoded = threading.Event()
         if options.pipeline and self.max_batch <= 1:  # a batch engine's thread already generates ahead
             source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
         else:
@@ -183,12 +185,15 @@ class Synthesis:
         chunker = Chunker(self.vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
                           options.chunk_frames)  # fmt: skip
         current: list = [None]
+        batch = self.batch  # as in text(): a batched stream's talker waits for its first decode
+        first_decoded = batch.first_audio() if batch is not None else None
+        hold = None if batch is None else (options.first_chunk_frames, first_decoded)
 
         def frames() -> Iterator[np.ndarray]:
             while (ctx := feed.next_context(text, parts.backend, max_tokens, budget, cancel)) is not None:
                 prompt = live_prompt(self.config, parts.tokenizer, mode, ctx.prefill_body())
                 gen = current[0] = self.generate(prompt, self.loop_params(cap, options, stats.pieces, cancel),
-                                                  mode.xvector, text=ctx)  # fmt: skip
+                                                  mode.xvector, text=ctx, hold=hold)  # fmt: skip
                 yield from closing_frames(gen)
                 ctx.end(gen.finish_reason)
                 if options.timestamps and gen.finish_reason != "cancelled":
@@ -202,8 +207,8 @@ class Synthesis:
                 stats.finish_reasons.append("cancelled")
 
         try:
-            yield from self.timed(chunks(frames(), chunker, stats, waiting=lambda: current[0].waiting()), stats, mode,
-                                   options)  # fmt: skip
+            yield from self.timed(chunks(frames(), chunker, stats, waiting=lambda: current[0].waiting(),
+                                         first_decoded=first_decoded), stats, mode, options)  # fmt: skip
         finally:
             feed.cancel()  # stops the reader thread (if any) after its piece in flight
             release(chunker.vocoder)
