@@ -43,7 +43,7 @@ def _export(snapshot: str, out: str, preset: str) -> str:
 #: 1024, head_dim 128, the 3072-wide codec head, block-128 rows of real K). ``torch`` is the torch
 #: fp32 reference (no bundle); the others are presets (ONNX bundles: fp32, int8, int4)
 CASES = [("tiny", "torch"), ("tiny", "faithful"), ("tiny", "fast"), ("tiny", "fastest"),
-         ("mid", "torch"), ("mid", "faithful"), ("mid", "fast")]  # fmt: skip
+         ("mid", "torch"), ("mid", "faithful"), ("mid", "fast"), ("mid", "fastest")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
