@@ -21,7 +21,14 @@ import os
 import numpy as np
 
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
-from ..errors import InputError, require
+from ..errors import InputError, MissingDependencyError
+
+try:  # a core dependency, imported at the top: this module is imported only when a plan names the onnx runtime
+    import onnxruntime as ort
+except ImportError as exc:  # a partial install
+    raise MissingDependencyError("'onnxruntime' (a core dependency) is not installed; reinstall qtts: "
+                                 'pip install -e . (in the qtts checkout)') from exc
+
 from ..plans.bundle import read_manifest
 from .base import Backend, OpenContext
 from .tables import QuantTable, load_table
@@ -44,7 +51,6 @@ def session_options(threads: int | None = None, spinning: bool = False):
     plan, 64 frames, 2 threads, two interleaved pairs on an idle 2-core Zen 4: RTF 1.74 / 1.69 with
     them off against 1.74 / 1.68 on, peak RSS 1501-1508 MB against 1611-1614 MB.
     """
-    ort = require("onnxruntime", "onnx", "the onnx backend")
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = int(threads or DEFAULT_THREADS)
@@ -59,7 +65,6 @@ def session_options(threads: int | None = None, spinning: bool = False):
 
 def open_session(path: str, threads: int | None = None, spinning: bool = False, options=None):
     """A CPU session of ``path`` with :func:`session_options` (or the given ``options``)."""
-    ort = require("onnxruntime", "onnx", "the onnx backend")
     if not os.path.isfile(path):
         raise InputError(f"ONNX artifact '{path}' not found; re-run 'qtts export onnx' or fix the plan")
     return ort.InferenceSession(path, options or session_options(threads, spinning), providers=["CPUExecutionProvider"])
@@ -69,7 +74,6 @@ class KVBinding:
     """Preallocated per-layer KV OrtValues bound as GQA past *and* present of one session."""
 
     def __init__(self, session, layers: int, shape: tuple, cos: np.ndarray, sin: np.ndarray, outputs: list):
-        ort = require("onnxruntime", "onnx", "the onnx backend")
         self.io = session.io_binding()
         self.session = session
         self.buffers = []
@@ -257,7 +261,6 @@ class SharedWeights:
     INDEX = "vocoder.shared.json"
 
     def __init__(self, directory: str, index: dict):
-        ort = require("onnxruntime", "onnx", "the onnx backend")
         data = os.path.join(directory, index["data"])
         self.graphs = index["graphs"]
         self.values = {  # OrtValues over the mapping (no copy); they live as long as the vocoder
