@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from qtts import kernels
-from qtts.kernels import build as kbuild
 from qtts.kernels import selftest
 
 
 @pytest.fixture(scope="module")
 def lib() -> str:
-    result = kbuild.build()
+    result = kernels.build()
     assert result.path is not None, f"the kernel library did not build: {result.reason}"
     return result.path
 
@@ -101,7 +100,7 @@ def test_the_selftest_passes_and_rejects_a_non_library(lib, tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("ok "), ok.stderr[-2000:]
     bogus = tmp_path / "libbogus.so"
     bogus.write_bytes(b"not a shared object")
-    line, reason = kbuild._selftest(str(bogus))
+    line, reason = kernels._selftest(str(bogus))
     assert line == "" and "self-test failed" in reason
 
 
@@ -165,23 +164,23 @@ def test_no_compiler_warns_once_and_is_remembered(monkeypatch, tmp_path, caplog)
 def test_a_failing_compiler_is_recorded_and_force_retries(monkeypatch, tmp_path):
     monkeypatch.setenv("QTTS_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # runs, exits 1
-    first = kbuild.build()
+    first = kernels.build()
     assert first.path is None and "exited 1" in first.reason
-    folder = os.path.join(kbuild.kernels_root(), kbuild.build_key(kbuild.compiler()))
-    assert os.path.isfile(os.path.join(folder, kbuild.FAILED))
-    assert "recorded" in kbuild.build().reason
+    folder = os.path.join(kernels.kernels_root(), kernels.build_key(kernels.compiler()))
+    assert os.path.isfile(os.path.join(folder, kernels.FAILED))
+    assert "recorded" in kernels.build().reason
     monkeypatch.setenv("CC", "true")  # "compiles" nothing: the self-test then fails on the empty file
-    retried = kbuild.build(force=True)
+    retried = kernels.build(force=True)
     assert retried.path is None and "self-test" in retried.reason
     assert not [n for n in os.listdir(folder) if n.startswith(".qtts-")]  # no temp files left
 
 
 def test_a_fresh_build_publishes_a_tested_library(monkeypatch, tmp_path):
     monkeypatch.setenv("QTTS_CACHE", str(tmp_path))
-    result = kbuild.build()
+    result = kernels.build()
     assert result.path and result.fresh and result.selftest.startswith("ok ")
     assert os.path.dirname(result.path).startswith(str(tmp_path))
-    again = kbuild.build()
+    again = kernels.build()
     assert again.path == result.path and not again.fresh
 
 

@@ -1,5 +1,5 @@
 """The wheel ships the web page (plain files under qtts/server/static), the Wyoming package, and the
-C sources of the optional kernels (compiled on the user's machine, qtts.kernels.build)."""
+C sources of the optional kernels (compiled on the user's machine, qtts.kernels)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_wheel_contains_the_page_and_wyoming(tmp_path):
     for name in ("__init__.py", "catalog.py", "handler.py", "service.py"):
         assert f"qtts/wyoming/{name}" in names, name
     assert "qtts/server/page.py" in names and "qtts/audio/stretch.py" in names
-    from qtts.kernels.build import HEADERS, SOURCES
+    from qtts.kernels import HEADERS, SOURCES
 
     for name in SOURCES + HEADERS + ("selftest.py",):
         assert f"qtts/kernels/{name}" in names, name

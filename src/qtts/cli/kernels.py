@@ -17,9 +17,8 @@ def register(sub) -> None:
 
 def run_build(args) -> int:
     from .. import kernels
-    from ..kernels.build import build
 
-    result = build(force=args.force)
+    result = kernels.build(force=args.force)
     if result.path is None:
         raise QttsError(f"the kernels did not build: {result.reason}; the plain vocoder graph runs instead")
     how = f"built ({result.selftest})" if result.fresh else "already built"
@@ -31,10 +30,9 @@ def run_build(args) -> int:
 
 def run_status(args) -> int:
     from .. import kernels
-    from ..kernels.build import FAILED, build_key, compiler, kernels_root, library_name
 
-    folder = os.path.join(kernels_root(), build_key(compiler()))
-    lib, failed = os.path.join(folder, library_name()), os.path.join(folder, FAILED)
+    folder = os.path.join(kernels.kernels_root(), kernels.build_key(kernels.compiler()))
+    lib, failed = os.path.join(folder, kernels.library_name()), os.path.join(folder, kernels.FAILED)
     if os.path.isfile(lib):
         print(f"built: {lib} (code path {kernels.isa(lib)})")
     elif os.path.isfile(failed):

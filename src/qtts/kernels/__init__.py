@@ -6,26 +6,43 @@ activation in one vectorised, multi-threaded pass instead of five, with onnxrunt
 ONNX function (:mod:`qtts.export.snake`) that onnxruntime inlines to the plain ops wherever the
 library is not registered. So:
 
-* :func:`library` builds it once (:mod:`qtts.kernels.build`: cc/gcc/clang, a self-test in a child
-  process, an atomic rename into ``$QTTS_CACHE/kernels``) and returns its path, or None with one
-  warning per cache when there is no compiler or the build fails;
+* :func:`library` returns the library built for this source tree and compiler, found in
+  ``$QTTS_CACHE/kernels/<key>/`` (default ``~/.cache/qtts``; :func:`build_key`: sources, flags,
+  compiler, platform), or builds it there once (:func:`build`), or returns None with one warning
+  per cache when there is no compiler or the build fails;
 * :func:`register` adds it to an onnxruntime ``SessionOptions`` (the vocoder sessions);
 * ``QTTS_KERNELS=0`` turns it off (the plain graph runs, bit for bit as before); ``qtts kernels
   build`` builds or rebuilds it and says which code path (AVX-512, AVX2, NEON, plain C) this CPU gets.
+
+A build compiles with cc/gcc/clang (or ``$CC``) to a temporary name, runs :mod:`qtts.kernels.selftest`
+on it in a child process (an ABI slot that does not match this onnxruntime crashes the child, never the
+caller), and only then renames it into place, so a library that exists has passed. A failed build
+leaves ``failed.txt`` with the reason beside it: later processes skip it until ``qtts kernels build``
+(:func:`build` with ``force``) retries, or the sources or the compiler change the key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
+import time
+from dataclasses import dataclass
+
+from ..files import atomic_path, publish, temp_beside
 
 log = logging.getLogger(__name__)
 
 ENV = "QTTS_KERNELS"
 DOMAIN = "qtts.kernels"
 _lock = threading.Lock()
-_built: dict = {}  # build key folder -> Build: one build (or one warning) per process
+_built: dict = {}  # build key folder -> the library path (or None: one warning) per process
 
 
 def enabled() -> bool:
@@ -35,21 +52,22 @@ def enabled() -> bool:
 
 def library() -> str | None:
     """The compiled library's path (built now if this source/compiler has none yet), or None:
-    off, no compiler, or a failed build (logged once per process; a fresh failure is a warning)."""
+    off, no compiler, or a failed build (logged once per process; a fresh failure is a warning).
+    A library already in the cache is only looked up: nothing is compiled or tested again."""
     if not enabled():
         return None
-    from .build import build, build_key, compiler, kernels_root
-
-    key = os.path.join(kernels_root(), build_key(compiler()))
+    cc = compiler()
+    folder = os.path.join(kernels_root(), build_key(cc))
     with _lock:
-        if key not in _built:
-            result = build()
-            _built[key] = result
+        if folder not in _built:
+            target = os.path.join(folder, library_name())
+            result = Build(target) if os.path.isfile(target) else _build_missing(cc, folder, target)
+            _built[folder] = result.path
             if result.path is None:
                 fresh = "recorded" not in result.reason
                 (log.warning if fresh else log.info)(
                     "qtts kernels unavailable, the plain vocoder graph runs instead: %s", result.reason)
-        return _built[key].path
+        return _built[folder]
 
 
 def register(options) -> bool:
@@ -75,3 +93,144 @@ def isa(path: str) -> str:
     fn = ctypes.CDLL(path).qtts_kernels_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES, HEADERS = ("snake.c",), ("ort_abi.h",)
+#: -O3 vectorises the plain-C path for the baseline ISA; the AVX2 / AVX-512 paths carry their own
+#: target attributes and are picked at run time, so the library runs on any CPU of the architecture
+FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-Wall")
+COMPILERS = ("cc", "gcc", "clang")
+FAILED = "failed.txt"
+TIMEOUT_S = 300
+APT_HINT = "install a C compiler (Debian/Ubuntu: apt-get install gcc) or set CC"
+
+
+@dataclass(frozen=True)
+class Build:
+    #: the library, or None when there is none
+    path: str | None
+    #: why there is none (empty when there is one)
+    reason: str = ""
+    #: compiled by this call (not found in the cache)
+    fresh: bool = False
+    #: the self-test's line ("ok avx512 151.2 dB") when this call compiled it
+    selftest: str = ""
+
+
+def library_name() -> str:
+    return "libqtts_kernels.dylib" if sys.platform == "darwin" else "libqtts_kernels.so"
+
+
+def kernels_root() -> str:
+    """``$QTTS_CACHE/kernels`` (the plan cache's folder, :func:`qtts.plans.cache.cache_root`)."""
+    root = os.environ.get("QTTS_CACHE") or os.path.join("~", ".cache", "qtts")
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), "kernels")
+
+
+def compiler() -> list[str] | None:
+    """``$CC`` (split like a shell would), else the first of cc, gcc, clang on PATH; None if none."""
+    if os.environ.get("CC", "").strip():
+        cc = shlex.split(os.environ["CC"])
+        return cc if shutil.which(cc[0]) else None
+    found = next((shutil.which(c) for c in COMPILERS if shutil.which(c)), None)
+    return [found] if found else None
+
+
+def build_key(cc: list[str] | None) -> str:
+    """Sources, headers, flags, the compiler binary (path, size, mtime) and the platform, hashed."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        with open(os.path.join(HERE, name), "rb") as fh:
+            h.update(name.encode() + b"\0" + fh.read())
+    if cc:
+        real = os.path.realpath(shutil.which(cc[0]) or cc[0])
+        st = os.stat(real)
+        h.update(repr((cc, real, st.st_size, st.st_mtime_ns)).encode())
+    h.update(repr((FLAGS, sys.platform, platform.machine())).encode())
+    return h.hexdigest()[:16] if cc else "no-compiler"
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+
+
+def _compile(cc: list[str], out: str) -> str:
+    """Compile into ``out``; '' on success, else the compiler's complaint."""
+    cmd = [*cc, *FLAGS, "-I", HERE, *(os.path.join(HERE, s) for s in SOURCES), "-o", out, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{cc[0]} did not run: {exc}"
+    return "" if proc.returncode == 0 else f"{cc[0]} exited {proc.returncode}: {_tail(proc.stderr)}"
+
+
+def _selftest(path: str) -> tuple[str, str]:
+    """(the self-test's 'ok ...' line, '') or ('', why it failed)."""
+    cmd = [sys.executable, os.path.join(HERE, "selftest.py"), path]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "", f"the self-test did not finish: {exc}"
+    if proc.returncode == 0 and proc.stdout.startswith("ok "):
+        return proc.stdout.strip(), ""
+    how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+    return "", f"the self-test failed ({how}): {_tail(proc.stderr) or _tail(proc.stdout)}"
+
+
+def _record_failure(folder: str, reason: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with atomic_path(os.path.join(folder, FAILED)) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(reason + "\n")
+    except OSError as exc:  # a read-only cache: the next process tries again
+        log.debug("could not record the failed kernel build in %s: %s", folder, exc)
+
+
+def build(force: bool = False) -> Build:
+    """The library for this source tree and compiler: cached, or compiled + self-tested now."""
+    cc = compiler()
+    folder = os.path.join(kernels_root(), build_key(cc))
+    target = os.path.join(folder, library_name())
+    if not force and os.path.isfile(target):
+        return Build(target)
+    return _build_missing(cc, folder, target, force)
+
+
+def _build_missing(cc: list[str] | None, folder: str, target: str, force: bool = False) -> Build:
+    """No library at ``target``: the recorded failure (unless ``force``), or a build now."""
+    failed = os.path.join(folder, FAILED)
+    if not force and os.path.isfile(failed):
+        with open(failed, encoding="utf-8") as fh:
+            return Build(None, fh.read().strip() + " (recorded; `qtts kernels build` retries)")
+    if cc is None:
+        reason = f"no C compiler: {APT_HINT}"
+        _record_failure(folder, reason)
+        return Build(None, reason)
+    return _build_into(cc, folder, target)
+
+
+def _build_into(cc: list[str], folder: str, target: str) -> Build:
+    start = time.monotonic()
+    log.info("compiling the qtts kernels with %s into %s (once per compiler and source version)", cc[0], folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = temp_beside(target, ".so.part")
+    except OSError as exc:
+        return Build(None, f"cannot write {folder}: {exc}; set QTTS_CACHE to a writable folder")
+    try:
+        reason = _compile(cc, tmp)
+        line = ""
+        if not reason:
+            line, reason = _selftest(tmp)
+        if reason:
+            _record_failure(folder, reason)
+            return Build(None, reason)
+        publish(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if os.path.exists(os.path.join(folder, FAILED)):
+        os.unlink(os.path.join(folder, FAILED))
+    log.info("built %s in %.1f s (self-test: %s)", target, time.monotonic() - start, line)
+    return Build(target, fresh=True, selftest=line)

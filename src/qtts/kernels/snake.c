@@ -16,7 +16,7 @@
  * - the tensor is cut into blocks of BLOCK values spread over the session's intra-op threads.
  *
  * The library also exports qtts_snake_beta() (the same kernel on plain arrays, for tests
- * through ctypes) and qtts_kernels_isa() (the path in use). Built by qtts/kernels/build.py.
+ * through ctypes) and qtts_kernels_isa() (the path in use). Built by qtts/kernels/__init__.py.
  */
 #include <math.h>
 #include <stdlib.h>
