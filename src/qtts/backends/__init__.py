@@ -140,15 +140,18 @@ def snapshot_dir(model) -> str:
 
 
 def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
-    """Any plan but an explicit torch one: through the plan cache (None and preset names: a cached
-    bundle, built when missing) and the plan file's checks (its bundle must come from this checkpoint)."""
-    from ..plans.bundle import check_plan_source
-    from ..plans.cache import resolve_plan
+    """Any plan but an explicit torch one, through the plan cache. None and preset names: this
+    checkpoint's cached bundle (built when missing), found by its fingerprint, so not checked again;
+    a plan the caller names is checked (its bundle must come from this checkpoint)."""
+    from ..plans.cache import ENV_PLAN, preset_name, resolve_plan
 
-    plan = load_plan(resolve_plan(plan, snapshot, dtype, backend))
-    if plan.path is not None:
-        check_plan_source(plan, snapshot)
-    return plan
+    named = plan if plan is not None else os.environ.get(ENV_PLAN) or None
+    resolved = load_plan(resolve_plan(plan, snapshot, dtype, backend))
+    if resolved.path is not None and named is not None and preset_name(named) is None:
+        from ..plans.bundle import check_plan_source
+
+        check_plan_source(resolved, snapshot)
+    return resolved
 
 
 def _generation(plan: Plan, ctx: OpenContext) -> Backend:

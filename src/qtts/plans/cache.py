@@ -168,8 +168,9 @@ def _default(snapshot: str, no_build, listeners):
     """The default preset's bundle. With torch installed and no bundle cached, the torch reference,
     said in one warning, when the export extra is missing or the exporter refuses this checkpoint
     (an explicit ``--plan fast`` fails instead: the caller asked for that plan)."""
-    if find_bundle(snapshot, DEFAULT_PRESET) is not None:
-        return bundle_plan(snapshot, DEFAULT_PRESET, no_build=no_build, listeners=listeners)
+    found = find_bundle(snapshot, DEFAULT_PRESET)
+    if found is not None:
+        return bundle_plan(snapshot, DEFAULT_PRESET, found=found)
     missing = export_missing()
     if missing and _has_torch():
         log.warning("qtts: no cached '%s' plan for %s and %s is not installed to build it: running the "
@@ -217,9 +218,9 @@ def find_bundle(snapshot: str, preset: str, root: str | None = None) -> str | No
     return path if os.path.isfile(path) else None
 
 
-def bundle_plan(snapshot: str, preset: str, no_build: bool | None = None, listeners: tuple = ()) -> str:
-    """The plan.json of ``preset``'s bundle for ``snapshot``, built first when missing."""
-    found = find_bundle(snapshot, preset)
+def bundle_plan(snapshot: str, preset: str, no_build: bool | None = None, listeners: tuple = (), found=None) -> str:
+    """The plan.json of ``preset``'s bundle for ``snapshot`` (``found``: already looked up), built first when missing."""
+    found = found or find_bundle(snapshot, preset)
     if found is not None:
         log.info("qtts: plan '%s' from the cache: %s", preset, os.path.dirname(found))
         return found
