@@ -277,23 +277,56 @@ print(json.dumps(sorted(f for f in seen if not f.startswith("model/"))))
 """
 
 
-#: the files outside model/ one ``load`` + ``stream`` may execute (the house-by-concept issue's target; 19
-#: before the torch plan skipped the plan cache, the vocoder stopped re-checking the engine's frames, the
-#: loader moved to model/, the predictor's step loop to the loop's sampler, the package imported its public
-#: names, the torch runtime imported torch at its top and a one-piece text skipped the sentence splitter)
-MAX_REQUEST_FILES = 13  # 12, then the synthesis body moved out of api.py into engine/synth.py (issue 37)
+#: the files outside model/ one ``load`` + ``stream`` may execute on the default path: no plan named, the
+#: checkpoint's ``fast`` ONNX plan and the kernel library already in the cache (what every load after the
+#: first runs). 20 before the onnx runtime imported onnxruntime at its top (errors.py's ``require`` per
+#: session) and a cached kernel library was only looked up (kernels/build.py joined kernels/__init__.py)
+MAX_REQUEST_FILES = 18
+#: the same request on the torch fp32 reference (``QTTS_PLAN=torch``, as in every other test): 19 before the
+#: torch plan skipped the plan cache, the vocoder stopped re-checking the engine's frames, the loader moved
+#: to model/, the predictor's step loop to the loop's sampler, the package imported its public names, the
+#: torch runtime imported torch at its top and a one-piece text skipped the sentence splitter; 12, then 13
+#: when the synthesis body moved out of api.py into engine/synth.py (issue 37)
+MAX_TORCH_REQUEST_FILES = 13
 
 
-def test_files_one_request_runs(tiny_snapshot):
-    """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute (measured here)."""
+def _trace(snapshot: str, **env: str) -> list[str]:
+    """The files outside model/ that ``_TRACE`` ran (a fresh process, ``env`` added; None values unset)."""
     import json
     import subprocess
     import sys
 
-    snapshot = tiny_snapshot(kind="custom_voice")
+    environ = dict(os.environ, PYTHONPATH=SRC, **{k: v for k, v in env.items() if v is not None})
+    for key in (k for k, v in env.items() if v is None):
+        environ.pop(key, None)
     out = subprocess.run([sys.executable, "-c", _TRACE, snapshot], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=SRC), timeout=300)  # fmt: skip
-    ran = json.loads(out.stdout.strip().splitlines()[-1])
+                         env=environ, timeout=300)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def default_plan_cache(tiny_snapshot, tmp_path_factory):
+    """(snapshot, cache root): the tiny CustomVoice checkpoint's default (``fast``) plan and the kernel
+    library built into a fresh ``QTTS_CACHE`` by ``qtts cache build`` and ``qtts kernels build``."""
+    import subprocess
+    import sys
+
+    snapshot = tiny_snapshot(kind="custom_voice")
+    root = str(tmp_path_factory.mktemp("default-plan-cache"))
+    build = ("import sys; from qtts.cli import main; "
+             "sys.exit(main(['cache', 'build', '-m', sys.argv[1]]) or main(['kernels', 'build']))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("QTTS_PLAN", "QTTS_KERNELS")}
+    subprocess.run([sys.executable, "-c", build, snapshot], capture_output=True, text=True, check=True,
+                   env=dict(env, PYTHONPATH=SRC, QTTS_CACHE=root), timeout=600)  # fmt: skip
+    return snapshot, root
+
+
+def test_files_one_request_runs(default_plan_cache):
+    """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute on the default
+    path (no plan named, its bundle cached; measured here)."""
+    snapshot, root = default_plan_cache
+    ran = _trace(snapshot, QTTS_CACHE=root, QTTS_PLAN=None, QTTS_KERNELS=None, QTTS_NO_BUILD="1")
+    assert "backends/onnx.py" in ran and "backends/torch.py" not in ran, ran  # the cached fast plan ran
     assert "api.py" in ran and "engine/stream.py" in ran and "engine/generate.py" in ran
     with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
         block = fh.read().split("<!-- request-files -->", 1)[1].split("<!-- /request-files -->", 1)[0]
@@ -301,3 +334,10 @@ def test_files_one_request_runs(tiny_snapshot):
     assert sorted(listed) == ran, f"docs/design.md lists {sorted(listed)}, a request runs {ran}"
     assert f"{len(ran)} files" in block
     assert len(ran) <= MAX_REQUEST_FILES, ran
+
+
+def test_files_one_torch_request_runs(tiny_snapshot):
+    """The torch fp32 reference runs no plan cache and no ONNX runtime: fewer files than the default path."""
+    ran = _trace(tiny_snapshot(kind="custom_voice"), QTTS_PLAN="torch")
+    assert "backends/torch.py" in ran and not [f for f in ran if f.startswith(("plans/cache", "backends/onnx"))]
+    assert len(ran) <= MAX_TORCH_REQUEST_FILES, ran
