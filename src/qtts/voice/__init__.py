@@ -1,6 +1,6 @@
 """Voices, in one place: the voice file (:mod:`~qtts.voice.file`, parsed once), reference audio for
 cloning (:mod:`~qtts.voice.reference`) and a folder of voice files as the servers read it
-(:mod:`~qtts.voice.folder`)."""
+(:mod:`~qtts.voice.folder`) and write it (:mod:`~qtts.voice.store`)."""
 
 from .file import FORMAT, Voice
 from .reference import (
