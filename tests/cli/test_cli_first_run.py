@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qtts.audio.chunk import AUDIO_FORMATS, AudioChunk, AudioWriter, write_audio
+from qtts.audio.chunk import AudioChunk
+from qtts.audio.writers import AUDIO_FORMATS, AudioWriter, write_audio
 from qtts.cli import build_parser, main
 from qtts.cli.common import Progress
 from qtts.cli.main import BROKEN_PIPE

@@ -118,9 +118,9 @@ def test_a_failed_write_stops_the_generation_threads(real_tts, tmp_path):
     out = tmp_path / "x.wav"
     calls = []
 
-    import qtts.audio.chunk as chunk_mod
+    import qtts.audio.writers as writers_mod
 
-    original = chunk_mod.AudioWriter.write
+    original = writers_mod.AudioWriter.write
 
     def failing(self, samples):
         calls.append(len(samples))
@@ -128,12 +128,12 @@ def test_a_failed_write_stops_the_generation_threads(real_tts, tmp_path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         original(self, samples)
 
-    chunk_mod.AudioWriter.write = failing
+    writers_mod.AudioWriter.write = failing
     try:
         with pytest.raises(OSError) as info:
             write_chunks(chunks, str(out), "wav", Progress(quiet=True))
     finally:
-        chunk_mod.AudioWriter.write = original
+        writers_mod.AudioWriter.write = original
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(out)
     assert {t for t in threading.enumerate() if t.name == "qtts-generation" and t.is_alive()} <= before
     assert os.listdir(tmp_path) == []

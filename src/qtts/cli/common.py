@@ -122,7 +122,7 @@ def check_folder(path: str, flag: str = "-o", force: bool | None = None) -> None
 
 def check_audio(path: str, force: bool | None = None) -> str:
     """Check an audio output path ('-' = raw PCM on stdout; ``force``: as :func:`check_file`); returns the format."""
-    from ..audio.chunk import format_from_path
+    from ..audio.writers import format_from_path
 
     if path == "-":
         if sys.stdout.isatty():

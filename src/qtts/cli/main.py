@@ -187,7 +187,7 @@ def run_demo(args) -> int:
     import tempfile
 
     from .. import load
-    from ..audio.chunk import AudioWriter
+    from ..audio.writers import AudioWriter
     from ..errors import require
     from ..options import SynthesisOptions
     from ..text.prompt import clean_text
