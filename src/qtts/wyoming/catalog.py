@@ -18,6 +18,7 @@ import re
 from ..errors import InputError
 from ..version import __version__
 from ..voice.folder import VoiceFileCache, regular_entries
+from ..voice.store import SUFFIX, is_voice_id
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ LANGUAGE_CODES = {
     "spanish": "es", "japanese": "ja", "korean": "ko", "french": "fr", "russian": "ru",
     "beijing_dialect": "zh", "sichuan_dialect": "zh",
 }  # fmt: skip
-VOICE_FILE = re.compile(r"([A-Za-z0-9_-]{1,64})\.voice")
 DESIGN_VOICE = "design"
 MODEL_URL = "https://github.com/QwenLM/Qwen3-TTS"
 
@@ -74,7 +74,7 @@ class Catalog:
             return [DESIGN_VOICE] if self.instruct else []
         if not self.voices_dir or not os.path.isdir(self.voices_dir):
             return []
-        return [stem for stem, _ in regular_entries(self.voices_dir, ".voice") if VOICE_FILE.fullmatch(stem + ".voice")]
+        return [stem for stem, _ in regular_entries(self.voices_dir, SUFFIX) if is_voice_id(stem)]  # the store's ids
 
     def _no_voice_hint(self) -> str:
         if self.model_type == "voice_design":
@@ -107,7 +107,7 @@ class Catalog:
             return Choice(match, speaker=match, instruct=self.instruct, language=lang)
         if self.model_type == "voice_design":
             return Choice(match, instruct=self.instruct, language=lang)
-        return Choice(match, voice_path=os.path.join(self.voices_dir, match + ".voice"), language=lang)
+        return Choice(match, voice_path=os.path.join(self.voices_dir, match + SUFFIX), language=lang)
 
     def load_voice(self, choice: Choice):
         """The :class:`qtts.Voice` of a Base choice (cached by file identity), else None;
