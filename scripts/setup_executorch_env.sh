@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-et: ExecuTorch 1.5.1 (XNNPACK) + torchao next to torch 2.13 CPU, plus qtts (editable,
 # the [executorch] extra), for `qtts export executorch`, plans with impl "executorch", the tests that
-# run them (scripts/test.sh calls this) and scripts/executorch_row.py. Separate from .venv because
+# run them (scripts/test.sh calls this) and benchmarks/executorch_row.py. Separate from .venv because
 # executorch pulls ~1.5 GB (torchao, coremltools, pandas, ...). Idempotent: a stamp file makes a
 # second run a fast no-op.
 #   bash scripts/setup_executorch_env.sh          # 70 s on an idle 2-core machine, 4.5 min under load 6

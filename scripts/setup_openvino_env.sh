@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create .venv-openvino: the environment of scripts/perf/openvino_gemv.py (OpenVINO + NNCF weight
+# Create .venv-openvino: the environment of benchmarks/perf/openvino_gemv.py (OpenVINO + NNCF weight
 # compression against onnxruntime MatMulNBits). Kept apart from qtts's venv: OpenVINO is a benchmark
 # subject, not a dependency. The script imports qtts from the source tree (PYTHONPATH=src).
 # Idempotent: a stamp file makes a second run a fast no-op.
 #   bash scripts/setup_openvino_env.sh            # create or verify
 #   OPENVINO_VENV=/path bash scripts/setup_openvino_env.sh
-# Then: PYTHONPATH=src .venv-openvino/bin/python scripts/perf/openvino_gemv.py --help
+# Then: PYTHONPATH=src .venv-openvino/bin/python benchmarks/perf/openvino_gemv.py --help
 #       (docs/history/performance.md, "OpenVINO on the Zen 4 VM (re-measured)")
 set -euo pipefail
 cd "$(dirname "$0")/.."

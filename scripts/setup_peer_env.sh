@@ -5,7 +5,7 @@
 # Idempotent: a stamp file makes a second run a fast no-op.
 #   bash scripts/setup_peer_env.sh            # create or verify
 #   PEER_VENV=/path bash scripts/setup_peer_env.sh
-# Then: .venv-peer/bin/python scripts/bench_peer.py --help   (docs/history/performance.md, "Peer")
+# Then: .venv-peer/bin/python benchmarks/bench_peer.py --help   (docs/history/performance.md, "Peer")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${PEER_VENV:-.venv-peer}

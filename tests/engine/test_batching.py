@@ -267,12 +267,12 @@ def test_batched_step_failure_reaches_its_streams_only(base_parts, monkeypatch):
 
 
 def test_batch_rows_script_says_fp32_rows_are_bitwise(tiny_snapshot, onnx_plan, capsys):
-    """scripts/batch_rows.py (the check docs/history/batching.md runs on full-size quantized plans)."""
+    """benchmarks/batch_rows.py (the check docs/history/batching.md runs on full-size quantized plans)."""
     import importlib.util
 
     from conftest import REPO_ROOT
 
-    spec = importlib.util.spec_from_file_location("batch_rows", os.path.join(REPO_ROOT, "scripts", "batch_rows.py"))
+    spec = importlib.util.spec_from_file_location("batch_rows", os.path.join(REPO_ROOT, "benchmarks", "batch_rows.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--model", tiny_snapshot(), "--plan", onnx_plan, "--threads", "1", "--steps", "2"]) == 0

@@ -93,7 +93,7 @@ def test_ladder_script_starts_and_formats_rows():
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    script = os.path.join(root, "scripts", "ladder.py")
+    script = os.path.join(root, "benchmarks", "ladder.py")
     env = {**os.environ, "PYTHONPATH": os.path.join(root, "src")}
     proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage:") and "--bench" in proc.stdout

@@ -1,4 +1,4 @@
-"""scripts/sensitivity.py (docs/fidelity.md, "Hadamard rotation") measures how much a talker amplifies
+"""benchmarks/sensitivity.py (docs/fidelity.md, "Hadamard rotation") measures how much a talker amplifies
 weight errors: on a tiny checkpoint the logit SNR falls with the weight SNR, and the planted checkpoint
 amplifies more than the plain one at the same weight SNR."""
 
@@ -13,7 +13,7 @@ from conftest import REPO_ROOT
 
 @pytest.fixture(scope="module")
 def sensitivity():
-    spec = importlib.util.spec_from_file_location("sensitivity", f"{REPO_ROOT}/scripts/sensitivity.py")
+    spec = importlib.util.spec_from_file_location("sensitivity", f"{REPO_ROOT}/benchmarks/sensitivity.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

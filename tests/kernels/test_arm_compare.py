@@ -1,4 +1,4 @@
-"""scripts/arm_compare.py, the verdict of the aarch64 lane (scripts/arm.sh), on made-up run folders:
+"""benchmarks/arm_compare.py, the verdict of the aarch64 lane (benchmarks/arm.sh), on made-up run folders:
 equal codes and audio pass, a fp32 code divergence is located and fails, audio under the bound
 fails, an int8 divergence is reported without failing, and each side's own consistency is checked."""
 
@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "arm_compare.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "arm_compare.py")
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def _run(path: str, x: np.ndarray, a: np.ndarray, b: np.ndarray, isa: str | None
 
 def _isas() -> list[str]:
     """The code paths this CPU has, best last: x86-64 adds AVX2 / AVX-512 by its flags, arm64 NEON
-    (AdvSIMD is part of every AArch64 CPU; scripts/arm.sh runs these tests on an emulated one)."""
+    (AdvSIMD is part of every AArch64 CPU; benchmarks/arm.sh runs these tests on an emulated one)."""
     found = ["generic"]
     if os.uname().machine in ("aarch64", "arm64"):
         found.append("neon")

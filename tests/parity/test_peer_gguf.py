@@ -1,8 +1,8 @@
-"""scripts/peer_gguf.py: our GGUF writer for the C++ peer qwentts.cpp (docs/history/performance.md, "Peer").
+"""benchmarks/peer_gguf.py: our GGUF writer for the C++ peer qwentts.cpp (docs/history/performance.md, "Peer").
 
 Runs without the peer wheel: names, metadata, quantization policy and an F32 round trip read back
 with ``gguf.GGUFReader``. That the peer loads the files and reproduces qtts's greedy codes is
-``scripts/peer_check.py`` (needs .venv-peer and a real-size checkpoint; the peer aborts on the tiny
+``benchmarks/peer_check.py`` (needs .venv-peer and a real-size checkpoint; the peer aborts on the tiny
 dims), whose result docs/history/performance.md records.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import peer_gguf  # noqa: E402
 import peer_gguf_layout as layout  # noqa: E402
 

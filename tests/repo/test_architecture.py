@@ -209,7 +209,7 @@ def test_one_frames_to_chunks_loop():
         if mod != "qtts.api" and re.search(r"\b(tts|self\.tts|engine)\._stream", text):
             private.append(mod)
     assert pushers == [] and private == []
-    scripts = [p for p in glob.glob(os.path.join(REPO_ROOT, "scripts", "**", "*.py"), recursive=True)
+    scripts = [p for d in ("scripts", "benchmarks") for p in glob.glob(os.path.join(REPO_ROOT, d, "**", "*.py"), recursive=True)
                if re.search(r"Chunker\(|\b_one_run\b|\b_loop_params\b", open(p, encoding="utf-8").read())]  # fmt: skip
     assert scripts == [], f"scripts with a synthesis body of their own: {scripts}"
 

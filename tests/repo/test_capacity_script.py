@@ -1,4 +1,4 @@
-"""scripts/capacity.py drives a real `qtts serve` subprocess with closed-loop clients over pcm, sse
+"""benchmarks/capacity.py drives a real `qtts serve` subprocess with closed-loop clients over pcm, sse
 and the WebSocket and reports every request (a tiny checkpoint: the mechanism, not the speed)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from conftest import REPO_ROOT
 
 
 def test_capacity_script_smoke(tiny_snapshot, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("capacity", os.path.join(REPO_ROOT, "scripts", "capacity.py"))
+    spec = importlib.util.spec_from_file_location("capacity", os.path.join(REPO_ROOT, "benchmarks", "capacity.py"))
     capacity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(capacity)
     out = tmp_path / "cap.json"

@@ -99,7 +99,7 @@ def test_api_json_is_nosniff(srv):
 def test_closed_websockets_are_freed_at_once(srv):
     """A finished session scheduled a write-deadline timer that kept its protocol (and every message
     queued in it) alive for write_timeout + close_timeout seconds after the client had gone: under a
-    connection churn that is a thousand dead connections held (scripts/soak.py --tracemalloc). Now the
+    connection churn that is a thousand dead connections held (benchmarks/soak.py --tracemalloc). Now the
     timer is cancelled when the connection is lost."""
     import gc
     import json as _json

@@ -1,4 +1,4 @@
-"""A short run of scripts/soak.py: 8 concurrent streams on a tiny checkpoint, no errors, bounded RSS."""
+"""A short run of benchmarks/soak.py: 8 concurrent streams on a tiny checkpoint, no errors, bounded RSS."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import REPO_ROOT
 
 
 def _soak_module():
-    spec = importlib.util.spec_from_file_location("soak", os.path.join(REPO_ROOT, "scripts", "soak.py"))
+    spec = importlib.util.spec_from_file_location("soak", os.path.join(REPO_ROOT, "benchmarks", "soak.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

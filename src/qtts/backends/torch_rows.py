@@ -17,7 +17,7 @@ one-stream engine (``qtts.load`` with ``max_batch=1``) never enters this mode.
 
 Why 3: MKL's cost per call is flat from 1 to 3 rows and jumps at 4 (the 0.6B talker's linears, 2
 threads, Intel Xeon VM: 1 row 61 ms, 3 rows 69, 4 rows 114). Per step of a random full-size 0.6B
-checkpoint (talker step + predictor frame, ``scripts/perf/torch_rows.py``) groups of 3 cost +23 %
+checkpoint (talker step + predictor frame, ``benchmarks/perf/torch_rows.py``) groups of 3 cost +23 %
 alone, +19 % for 2 streams, +17 % for 4; oneDNN's matmul (row-count invariant from 2 rows) cost
 +59 % alone and +17 % for 4, so groups it is (docs/usage.md, "Batch invariance").
 """

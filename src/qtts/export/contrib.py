@@ -44,7 +44,7 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, norm: nn.Module) -> tuple
     """``(rms_norm(x + skip), x + skip)``: a residual Add and the norm that reads it. Two nodes, not
     onnxruntime's fused ``SkipSimplifiedLayerNormalization``: on the 2-core Zen 4 VM the fused kernel
     was no faster (1.74-2.45 against 1.30-2.35 us CPU per pair) and rounds differently
-    (docs/history/performance.md, "Fewer nodes"; ``scripts/perf/node_cost.py`` measures both)."""
+    (docs/history/performance.md, "Fewer nodes"; ``benchmarks/perf/node_cost.py`` measures both)."""
     s = x + skip
     return rms_norm(s, norm), s
 

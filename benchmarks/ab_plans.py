@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of execution plans in one process (less drift than separate `qtts bench` runs).
+
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan A/plan.json --plan B/plan.json [--runs 4]
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan A/plan.json --pipelined [--vocoder-threads 1]
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan A/plan.json --pipelined \
+        --generation-threads 2 1 --vocoder-threads 2 1      # every split of the two cores
+
+Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
+generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
+4, 8, ...), serial. Prints per-run talker / predictor / vocoder ms per frame, the median RTF and
+TTFA. ``--pipelined`` adds, for each plan, the two-thread pipeline of ``TTS.stream``
+(qtts.engine.stream.run_ahead) as its own interleaved variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+
+from qtts.backends import open as open_components
+from qtts.errors import InputError, QttsError
+from qtts.tools.bench import BenchOptions, one_run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--plan", action="append", required=True)
+    ap.add_argument("--frames", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="talker / predictor (and serial vocoder) threads")
+    ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.engine.stream)")
+    ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
+                    help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
+    ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],
+                    help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
+    args = ap.parse_args()
+    if any(t is not None and t < 1 for t in [args.threads, *args.vocoder_threads, *args.generation_threads]):
+        ap.error("--threads, --vocoder-threads and --generation-threads take counts >= 1")
+    serial = BenchOptions(threads=args.threads, pipeline=False)
+    variants = []
+    for plan in args.plan:
+        parts = open_components(args.model, plan=plan, threads=args.threads)
+        variants.append((plan + " (serial)", parts, serial))
+        opened = {args.threads: parts}
+        for gt, vt in _splits(args) if args.pipelined else []:
+            for t in (gt, vt):
+                if t not in opened:
+                    opened[t] = open_components(args.model, plan=plan, threads=t)
+            piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
+            variants.append((f"{plan} (pipelined, generation threads {gt}, vocoder threads {vt})", piped,
+                             dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+    for _name, parts, opts in variants:  # warm-up
+        one_run(parts, 4, opts)
+    rows: dict[str, list] = {}
+    for i in range(args.runs):
+        for name, parts, opts in variants if i % 2 == 0 else variants[::-1]:
+            r = one_run(parts, args.frames, opts)
+            rows.setdefault(name, []).append((r["talker_ms"], r["predictor_ms"], r["vocoder_ms"],
+                                              r["total_s"] / r["audio_s"], r["ttfa_ms"], r["foreign_cores"]))  # fmt: skip
+    for name, runs in rows.items():
+        a = np.array(runs)
+        print(f"{name}\n  talker {np.round(a[:, 0], 1)}  predictor {np.round(a[:, 1], 1)}  "
+              f"vocoder {np.round(a[:, 2], 1)}  RTF {np.round(a[:, 3], 3)} (median {np.median(a[:, 3]):.3f})  "
+              f"TTFA ms {np.round(a[:, 4])} (median {np.median(a[:, 4]):.0f})  foreign cores {np.round(a[:, 5], 2)}")  # fmt: skip
+
+
+def _splits(args) -> list[tuple[int, int]]:
+    """(generation threads, vocoder threads) of every pipelined variant."""
+    def pick(t):
+        return args.threads if t is None else t
+
+    return [(pick(gt), pick(vt)) for gt in args.generation_threads for vt in args.vocoder_threads]
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (InputError, QttsError) as exc:
+        sys.exit(f"ab_plans: {exc}")
