@@ -79,7 +79,7 @@ if [ -f scripts/setup_executorch_env.sh ]; then
 fi
 
 # -- lint, then the suite ---------------------------------------------------------------------
-$VPY -m ruff check -q src tests scripts examples || die "ruff check failed (above); '.venv/bin/ruff check --fix' mends most"
+$VPY -m ruff check -q src tests scripts benchmarks examples || die "ruff check failed (above); '.venv/bin/ruff check --fix' mends most"
 # Two worker processes, one test file each at a time (pytest-xdist --dist loadfile: module
 # fixtures such as a file's exported bundle stay in one process). 1101 tests took 674 s this way
 # against 1122 s in one process on the 2-core VM; QTTS_TEST_WORKERS=0 runs them in one process.
