@@ -29,7 +29,7 @@ def _tracked(*roots: str) -> list[str]:
 
 def test_nothing_reads_outside_the_repository():
     bad = []
-    for name in _tracked("src", "tests", "scripts", ".ci", "examples"):
+    for name in _tracked("src", "tests", "scripts", "benchmarks", ".ci", "examples"):
         if name.startswith("tests/data/") or not name.endswith((".py", ".sh", ".toml", "run")):
             continue
         with open(os.path.join(REPO_ROOT, name), encoding="utf-8", errors="replace") as fh:
