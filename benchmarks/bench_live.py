@@ -66,10 +66,15 @@ class Recorder:
         self.inner, self.codes = inner, []
 
     def stream(self):
+        from qtts.backends.base import VocoderStream
+
         inner, codes = self.inner.stream(), self.codes
 
-        class Stream:
+        class Stream(VocoderStream):  # the declared seam: prime and close get their defaults
             samples_per_frame = 1920
+
+            def close(self):
+                inner.close()
 
             def reset(self):
                 inner.reset()

@@ -3,8 +3,9 @@
 A script the docs cite must still start on the current API: each Python script runs ``--help``
 (argparse usage, exit 0) in ONE subprocess (runpy, so the imports are paid once); a helper module
 imports; a shell script passes ``bash -n``; a C prototype passes ``gcc -fsyntax-only`` with the
-flags its users compile it with. Scripts that a test runs for real on a tiny checkpoint are named
-in ``RUN_BY`` (their ``--help`` runs here too). A new file with none of these fails the listing test.
+flags its users compile it with. The quick benchmarks run for real here on a tiny checkpoint
+(``REAL_RUNS``, one process too); scripts that another test runs for real are named in ``RUN_BY``
+(their ``--help`` runs here too). A new file with none of these checks fails the listing test.
 """
 
 from __future__ import annotations
@@ -42,18 +43,18 @@ DOCS = {"benchmarks/README.md"}
 _SWEEP = r"""
 import contextlib, io, json, os, runpy, sys
 res = {}
-for rel, mode in json.loads(sys.argv[1]):
+for rel, mode in json.loads(sys.argv[1]):  # mode: "help", "import" or the argument list of a real run
     out, argv0, path0 = io.StringIO(), list(sys.argv), list(sys.path)
-    sys.argv = [rel, "--help"] if mode == "help" else [rel]
+    sys.argv = [rel] + (["--help"] if mode == "help" else [] if mode == "import" else mode)
     sys.path.insert(0, os.path.dirname(os.path.abspath(rel)))
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            runpy.run_path(rel, run_name="__main__" if mode == "help" else "smoke")
-        res[rel] = [None, out.getvalue()[:200]]
+            runpy.run_path(rel, run_name="smoke" if mode == "import" else "__main__")
+        res[rel] = [None, out.getvalue()]
     except SystemExit as e:
-        res[rel] = [e.code, out.getvalue()[:200]]
+        res[rel] = [e.code, out.getvalue()]
     except Exception as e:
-        res[rel] = ["%s: %s" % (type(e).__name__, e), ""]
+        res[rel] = ["%s: %s" % (type(e).__name__, e), out.getvalue()]
     sys.argv, sys.path[:] = argv0, path0
 print(json.dumps(res))
 """
@@ -91,15 +92,21 @@ def test_every_file_has_a_smoke_entry():
     assert all(os.path.exists(os.path.join(REPO_ROOT, t)) for t in RUN_BY.values())
 
 
-def test_every_python_script_starts_and_every_module_imports():
-    jobs = [[f, _kind(f)] for f in _files() if _kind(f) in ("help", "import")]
+def _sweep(jobs: list) -> dict:
+    """{file: [exit code (None: returned), stdout]} of each job, all in one Python process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.join(REPO_ROOT, "src"),
                                                                    os.environ.get("PYTHONPATH")) if p))  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", _SWEEP, json.dumps(jobs)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(res) == sorted(f for f, _ in jobs)
+    return res
+
+
+def test_every_python_script_starts_and_every_module_imports():
+    jobs = [[f, _kind(f)] for f in _files() if _kind(f) in ("help", "import")]
+    res = _sweep(jobs)
     bad = {f: r for f, k in jobs for r in [res[f]]
            if (k == "help" and (r[0] != 0 or not r[1].startswith("usage:"))) or (k == "import" and r[0] is not None)}  # fmt: skip
     assert bad == {}, f"--help failed or printed no argparse usage / a module did not import: {bad}"
@@ -118,3 +125,31 @@ def test_c_prototypes_compile():
         proc = subprocess.run([cc, "-fsyntax-only", *C_FLAGS, os.path.join(REPO_ROOT, rel)],
                               capture_output=True, text=True)  # fmt: skip
         assert proc.returncode == 0, f"{rel}: {proc.stderr[-2000:]}"
+
+
+#: scripts that finish in seconds on a tiny checkpoint (torch plan, a few frames): run for real, one
+#: process; each must exit 0 and print the line it exists for (MODEL is the checkpoint's folder)
+REAL_RUNS = {
+    "benchmarks/ab_plans.py": (["--plan", "torch", "--frames", "4", "--runs", "1"], "RTF ["),
+    "benchmarks/bench_live.py": (
+        ["--plan", "torch", "--rounds", "1", "--rates", "50", "--slow", "0", "--max-frames", "4"],
+        "time to first audio, live 50 tok/s",
+    ),  # fmt: skip
+    "benchmarks/server_overhead.py": (["--rounds", "1", "--frames", "4"], "server/direct"),
+    "benchmarks/perf/plan_rss.py": (["--plan", "torch", "--frames", "4"], "peak"),
+    "benchmarks/perf/profile_plan.py": (["--plan", "torch", "--frames", "4", "--repeats", "1"], "talker"),
+    "benchmarks/perf/torch_rows.py": (
+        ["--streams", "2", "--frames", "3", "--rounds", "1"],
+        "groups / one call",
+    ),
+    "benchmarks/perf/vocoder_stack.py": (["--sizes", "1", "--streams", "1,2", "--repeats", "1"], "| 1 | 2 |"),
+}
+
+
+def test_quick_benchmarks_run_on_a_tiny_checkpoint(tiny_snapshot):
+    model = tiny_snapshot(kind="custom_voice")
+    res = _sweep([[f, ["--model", model, *argv]] for f, (argv, _) in REAL_RUNS.items()])
+    bad = {
+        f: res[f] for f, (_, line) in REAL_RUNS.items() if res[f][0] not in (None, 0) or line not in res[f][1]
+    }
+    assert bad == {}, f"a benchmark failed on the tiny checkpoint or did not print its result: {bad}"
