@@ -164,15 +164,15 @@ def _open_text(path: str) -> int:
 
 
 def build_options(args):
-    from ..options import SamplingParams, SynthesisOptions
+    from ..engine.request import SpeechFields, to_options
 
-    talker = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repetition_penalty=args.repetition_penalty)
-    return SynthesisOptions(
-        talker=talker, seed=args.seed, greedy=args.greedy, max_frames=args.max_frames,
-        non_streaming_text=args.non_streaming_text, split_sentences=not args.no_split,
+    fields = SpeechFields(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed, greedy=args.greedy,
+                          max_frames=args.max_frames, speed=args.speed)
+    return to_options(
+        fields, non_streaming_text=args.non_streaming_text, split_sentences=not args.no_split,
         watchdog=not args.no_watchdog, first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-        speed=args.speed, pipeline=getattr(args, "pipeline", True),
+        pipeline=getattr(args, "pipeline", True),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import time
 
-from ..config import SAMPLES_PER_FRAME
+from ..engine.request import capped_chunk  # noqa: F401 (the one frame cap, qtts.engine.request)
 from ..text.prompt import speakable  # noqa: F401 (the one rule for empty text; used by the live session)
 
 #: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
@@ -87,13 +87,3 @@ def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
         stack.extend((c, depth + 1) for c in children)
     return False
 
-
-def capped_chunk(chunk, frames: int, cap: int):
-    """(samples, frames) of ``chunk`` that fit under a session cap of ``cap`` frames."""
-    samples = chunk.samples
-    n = chunk.num_frames or -(-len(samples) // SAMPLES_PER_FRAME)
-    if frames + n > cap:
-        keep = max(0, cap - frames)
-        samples = samples[: len(samples) * keep // n] if n else samples[:0]  # (stretched: not 1920 per frame)
-        n = keep
-    return samples, n

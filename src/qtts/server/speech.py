@@ -16,16 +16,16 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.generate import AnyCancel
+from ..engine.request import FrameCap, SpeechFields, check_max_frames, frame_cap, to_options
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from ..text.prompt import speakable
 from .errors import ERROR_RESPONSES, ApiError, public_message
 from .formats import MEDIA_TYPES, open_format
-from .live_limits import capped_chunk
+from .jobs import caps, engine_error, input_tokens, record, resolve_voice, with_cancel
 from .responses import JobStreamingResponse
 from .speech_words import HEADER as TIMESTAMPS_HEADER
 from .speech_words import check_available, heard, json_speech
-from .voices import engine_speakers, is_voice_id
 from .worker import Job, address
 
 log = logging.getLogger(__name__)
@@ -103,79 +103,24 @@ def _check_request(req: SpeechRequest, settings) -> str:
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"'input' has {len(req.input)} characters; the limit is {settings.max_input_chars}: "
                        "split the text into several requests", "input_too_long", "input")
-    if req.max_frames is not None and req.max_frames > settings.max_frames:
-        raise ApiError(400, f"max_frames={req.max_frames} exceeds this server's limit of {settings.max_frames}",
-                       "max_frames_too_large", "max_frames")
+    try:
+        check_max_frames(req.max_frames, caps(settings))
+    except InputError as exc:
+        raise ApiError(400, str(exc), "max_frames_too_large", "max_frames") from None
     if req.instructions and req.instruct and req.instructions != req.instruct:
         raise ApiError(400, "'instructions' and 'instruct' differ: send only one", "conflicting_fields",
                        "instruct")
     return req.response_format or settings.default_response_format
 
 
-def _options(req: SpeechRequest, settings):
-    from ..options import SamplingParams, SynthesisOptions
-
-    talker = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                            repetition_penalty=req.repetition_penalty)
-    kwargs = {"talker": talker, "seed": req.seed, "greedy": bool(req.greedy), "max_frames": req.max_frames,
-              "speed": 1.0 if req.speed is None else req.speed, "timestamps": bool(req.timestamps)}
-    if settings.chunk_frames:
-        kwargs["chunk_frames"] = settings.chunk_frames
-    options = SynthesisOptions(**kwargs)
+def options_of(req, settings):
+    """The validated options of a request (HTTP or a WebSocket session): ApiError 400 when invalid."""
+    options = to_options(SpeechFields.of(req), caps(settings))
     try:
         options.validate()
     except InputError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
     return options
-
-
-async def _resolve_voice(req: SpeechRequest, state) -> tuple[object | None, str | None]:
-    """(Voice, speaker) of the request's ``voice``: ``--voice-alias``, speaker, uploaded voice, default
-    alias (see :mod:`qtts.server.aliases`)."""
-    from .aliases import OPENAI_VOICES, configured, default_target
-
-    name = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
-    if name is None:
-        return None, None
-    speakers = engine_speakers(state.engine)
-    target = configured(state.settings.voice_aliases).get(name.lower())
-    if target is not None:
-        return await _named_voice(target, state, speakers, alias=name)
-    found = await _named_voice(name, state, speakers)
-    if found is not None:
-        return found
-    target = default_target(name, speakers)
-    if target is not None:
-        return None, target
-    known = [v["id"] for v in state.store.list()][:20] + speakers
-    choices = f"this server's voices: {', '.join(known)}" if known else "this server has no voices yet"
-    if name.lower() in OPENAI_VOICES:
-        raise ApiError(400, f"voice {name!r} is an OpenAI voice name that this server does not map; {choices} "
-                       f"(the server operator maps it with qtts serve --voice-alias {name.lower()}=VOICE)",
-                       "voice_not_mapped", "voice")
-    hint = choices if known else "upload one with POST /v1/voices"
-    raise ApiError(404, f"unknown voice {name!r}; {hint}", "voice_not_found", "voice")
-
-
-async def _named_voice(name: str, state, speakers: list[str], alias: str | None = None):
-    """A built-in speaker or an uploaded voice called ``name``; None when there is none (an alias
-    whose target is missing is a 400)."""
-    by_lower = {s.lower(): s for s in speakers}
-    if name.lower() in by_lower:
-        return None, by_lower[name.lower()]
-    if not is_voice_id(name):
-        raise ApiError(400, f"invalid voice {name!r}: ids are 1-64 characters of A-Z a-z 0-9 _ -",
-                       "invalid_voice_id", "voice")
-    if state.store.enabled and state.store.exists(name):
-        try:
-            return await asyncio.to_thread(state.store.load, name), None
-        except InputError as exc:
-            raise ApiError(400, f"voice {name!r} cannot be used: {exc}", "invalid_voice", "voice") from None
-    if alias is not None:
-        raise ApiError(400, f"voice {alias!r} is an alias of {name!r} (--voice-alias), which is neither a "
-                       f"speaker of the model ({', '.join(speakers) or 'none'}) nor an uploaded voice",
-                       "voice_not_mapped", "voice")
-    return None
 
 
 def _produce(plan: SpeechPlan, metrics):
@@ -184,13 +129,13 @@ def _produce(plan: SpeechPlan, metrics):
     words of the audio already sent, as their alignments finish."""
 
     def run(engine, cancel):
-        stats, cut = plan.stats, threading.Event()
+        stats, cut, timed, t_start = plan.stats, threading.Event(), plan.timestamps, time.perf_counter()
+        stats["input_tokens"] = input_tokens(engine, plan.text)
+        stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
+                               language=plan.language, options=with_cancel(plan.options, AnyCancel(cancel, cut)))
         writer = open_format(plan.fmt)
         pending = writer.start()  # the header leaves with the first audio, after input validation
-        frames, t_start = 0, time.perf_counter()
-        stats["input_tokens"] = _input_tokens(engine, plan.text)
-        stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
-                               language=plan.language, options=_with_cancel(plan.options, AnyCancel(cancel, cut)))
+        cap = FrameCap(plan.frame_cap)
         try:
             for chunk in stream:
                 if cancel.is_set():
@@ -200,74 +145,37 @@ def _produce(plan: SpeechPlan, metrics):
                     if words:
                         yield b"", words
                     continue
-                samples, n = capped_chunk(chunk, frames, plan.frame_cap)
-                capped = frames + n >= plan.frame_cap and not chunk.is_final
-                frames += n
+                samples, n, capped = cap.take(chunk)
                 metrics.frames.inc(n)
-                stats["frames"] = frames
+                stats["frames"] = cap.frames
                 stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
                 stats["finish_reason"] = "length" if capped else chunk.finish_reason
                 data, pending = pending + writer.write(samples), b""
                 stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
-                yield _item(plan, data, chunk.words, stats["audio_s"])
-                if capped and not plan.timestamps:
+                yield _item(timed, data, chunk.words, stats["audio_s"])
+                if capped and not timed:
                     break
                 if capped:
                     cut.set()
             if not cancel.is_set():
                 stats["completed"] = True
-                yield _item(plan, pending + writer.finish(), [], 0.0)
+                yield _item(timed, pending + writer.finish(), [], 0.0)
         finally:
             stream.close()
             stats["gen_s"] = time.perf_counter() - t_start
             stats["cancelled"] = cancel.is_set() and not stats.get("completed")
-            _record(stats, metrics)
+            record(stats, metrics)
 
     return run
 
 
-def _item(plan: SpeechPlan, data: bytes, words, audio_s: float):
+def _item(timed: bool, data: bytes, words, audio_s: float):
     """What the worker hands on: the bytes, or with timestamps (bytes, the words heard by ``audio_s``);
     b"" (skipped) when there is neither."""
-    if not plan.timestamps:
+    if not timed:
         return data
     heard_words = heard(words, audio_s)
     return (data, heard_words) if data or heard_words else b""
-
-
-def _with_cancel(options, cancel):
-    """Hand the request's cancel event to the engine when its options take one (a per-frame
-    check); otherwise the worker stops the stream at the next chunk boundary."""
-    if options is not None and "cancel" in {f.name for f in dataclasses.fields(options)}:
-        return dataclasses.replace(options, cancel=cancel)
-    return options
-
-
-def _input_tokens(engine, text: str) -> int:
-    """OpenAI's ``usage.input_tokens``: the input's text tokens (an engine with no tokenizer, a test fake: 0)."""
-    tokenizer = getattr(getattr(engine, "components", None), "tokenizer", None)
-    return len(tokenizer.encode(text)) if tokenizer is not None else 0
-
-
-def _record(stats: dict, metrics) -> None:
-    audio_s = stats.get("audio_s", 0.0)
-    metrics.audio_seconds.inc(audio_s)
-    if stats.get("cancelled"):
-        metrics.cancelled.inc()
-    elif stats.get("completed") and audio_s > 0:
-        metrics.rtf.observe(stats["gen_s"] / audio_s)
-    if "ttfa_s" in stats:
-        metrics.ttfa.observe(stats["ttfa_s"])
-
-
-def _engine_error(exc: Exception) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, InputError):
-        return ApiError(400, str(exc), "invalid_value")
-    log.error("generation failed", exc_info=exc)
-    return ApiError(500, f"generation failed ({type(exc).__name__}); the server log has the details",
-                    "generation_failed")
 
 
 def _sse(event: dict) -> bytes:
@@ -304,7 +212,7 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
                 yield _sse(_done_event(plan, state.timestamps))
             return
         else:
-            err = _engine_error(value)
+            err = engine_error(value)
             err.message = public_message(err.message, state.store.directory)
             plan.stats["error"] = err.message
             state.metrics.errors.inc(route="/v1/audio/speech", kind="midstream")
@@ -351,11 +259,11 @@ async def create_speech(req: SpeechRequest, request: Request):
     fmt = _check_request(req, state.settings)
     if req.timestamps:
         check_available(state)
-    voice, speaker = await _resolve_voice(req, state)
+    voice, speaker = await resolve_voice(req.voice.id if isinstance(req.voice, VoiceRef) else req.voice, state)
     stats = request.scope.setdefault("state", {}).setdefault("access", {})
     plan = SpeechPlan(text=req.input, fmt=fmt, sse=req.stream_format == "sse", voice=voice, speaker=speaker,
                       instruct=req.instruct or req.instructions or None, language=req.language,
-                      options=_options(req, state.settings), frame_cap=req.max_frames or state.settings.max_frames,
+                      options=options_of(req, state.settings), frame_cap=frame_cap(SpeechFields.of(req), caps(state.settings)),
                       t0=t0, stats=stats, timestamps=bool(req.timestamps))
     owner = address(request)
     slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=owner)
@@ -367,10 +275,10 @@ async def create_speech(req: SpeechRequest, request: Request):
         job.cancel()
         raise
     if first[0] == "error":
-        raise _engine_error(first[1])
+        raise engine_error(first[1])
     if plan.timestamps and not plan.sse:  # the JSON form: the whole file beside its words
         try:
-            return await json_speech(job, first, plan, state, request, _done_event, _engine_error)
+            return await json_speech(job, first, plan, state, request, _done_event, engine_error)
         finally:
             job.cancel()
     media = "text/event-stream" if plan.sse else MEDIA_TYPES[fmt]

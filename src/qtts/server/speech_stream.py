@@ -21,16 +21,17 @@ import contextlib
 import json
 import logging
 import time
-from types import SimpleNamespace
 from typing import Annotated
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..engine.request import SpeechFields, to_options
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from .errors import ApiError, public_message, validation_message
 from .formats import open_format
+from .jobs import caps, resolve_voice
 from .live_limits import (
     BUSY,
     ESCAPE_FACTOR,
@@ -45,7 +46,7 @@ from .live_limits import (
     speakable,
     too_deep,
 )
-from .speech import Format, VoiceRef, _resolve_voice
+from .speech import Format, VoiceRef
 from .speech_words import check_available
 from .utterance import Utterance, Utterances
 from .worker import Job, address
@@ -84,16 +85,9 @@ class SessionConfig(BaseModel):
                                     "first audio) between the audio frames.")
 
 
-def _options(cfg: SessionConfig, settings):
-    from ..options import SamplingParams, SynthesisOptions
-
-    talker = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                            repetition_penalty=cfg.repetition_penalty)
-    extra = {"chunk_frames": settings.chunk_frames} if settings.chunk_frames else {}
-    if cfg.max_frames is not None and cfg.max_frames > settings.max_frames:
-        raise InputError(f"max_frames={cfg.max_frames} exceeds this server's limit of {settings.max_frames}")
-    return SynthesisOptions(talker=talker, seed=cfg.seed, greedy=bool(cfg.greedy), max_frames=cfg.max_frames,
-                            speed=1.0 if cfg.speed is None else cfg.speed, timestamps=bool(cfg.timestamps), **extra)
+def session_options(cfg: SessionConfig, settings):
+    """The options of a session's fields under this server's caps (InputError past its frame limit)."""
+    return to_options(SpeechFields.of(cfg), caps(settings))
 
 
 class LiveSession(Utterances):
@@ -167,8 +161,8 @@ class LiveSession(Utterances):
         try:
             if self.cfg.timestamps:
                 check_available(self.state, "'timestamps' in session.update")
-            voice, speaker = await _resolve_voice(SimpleNamespace(voice=name), self.state)
-            options = _options(self.cfg, self.settings)
+            voice, speaker = await resolve_voice(name.id if isinstance(name, VoiceRef) else name, self.state)
+            options = session_options(self.cfg, self.settings)
             options.validate()
         except (ApiError, InputError) as exc:
             code = getattr(exc, "code", "invalid_value")

@@ -18,10 +18,12 @@ import time
 import unicodedata
 
 from ..engine.generate import AnyCancel
+from ..engine.request import FrameCap
 from ..text.sentences import sentence_end
 from .errors import ApiError, public_message
-from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, capped_chunk, speakable
-from .speech import _engine_error, _record, _with_cancel
+from .jobs import engine_error, with_cancel
+from .jobs import record as record_stats
+from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, speakable
 from .speech_words import heard, shifted
 from .worker import Job, address
 
@@ -142,7 +144,7 @@ class Utterances:
                 continue
             (kind, value), get = get.result(), None
             if kind == "error":
-                exc = _engine_error(value)
+                exc = engine_error(value)
                 close = POLICY if exc.status < 500 else INTERNAL
                 raise SessionError(exc.code, public_message(exc.message, self.state.store.directory), close)
             if kind == "end":
@@ -229,7 +231,7 @@ def produce(session, utt: Utterance, voice, speaker, options):
         at = (stats.get("audio_s", 0.0), stats.get("contexts", 0))
         stream = engine.stream_text(utt.pieces, voice=voice, speaker=speaker, language=cfg.language,
                                     instruct=cfg.instruct or cfg.instructions or None,
-                                    options=_with_cancel(options, AnyCancel(cancel, cut)))
+                                    options=with_cancel(options, AnyCancel(cancel, cut)))
         try:
             for chunk in stream:
                 if cancel.is_set():
@@ -239,14 +241,14 @@ def produce(session, utt: Utterance, voice, speaker, options):
                         yield b"", {"audio_s": 0.0, "words": words}
                     continue
                 start = stats.get("frames", 0)
-                samples, n = capped_chunk(chunk, start, cap)
-                capped = start + n >= cap and not chunk.is_final
+                taken = FrameCap(cap, start)
+                samples, n, capped = taken.take(chunk)
                 metrics.frames.inc(n)
                 seconds = len(samples) / chunk.sample_rate
                 stats["frames"], record["audio_s"] = start + n, record["audio_s"] + seconds
                 stats["audio_s"] = stats.get("audio_s", 0.0) + seconds
                 if chunk.is_final or capped:
-                    _finish(stats, chunk, capped, start + n >= cap)
+                    _finish(stats, chunk, capped, taken.full)
                 info = {"frame_start": start, "frames": n, "audio_s": seconds}
                 if options.timestamps:
                     info["words"] = shifted(heard(chunk.words, record["audio_s"]), *at)
@@ -262,7 +264,7 @@ def produce(session, utt: Utterance, voice, speaker, options):
             record["gen_s"] = time.perf_counter() - t0
             stats["gen_s"] = stats.get("gen_s", 0.0) + record["gen_s"]
             record["cancelled"] = cancel.is_set() and not record.get("completed")
-            _record(record, metrics)
+            record_stats(record, metrics)
 
     return run
 

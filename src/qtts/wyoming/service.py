@@ -25,9 +25,9 @@ import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from ..engine.request import FrameCap, SpeechFields, to_options
 from ..errors import InputError
 from ..server.clients import LOCAL
-from ..server.live_limits import capped_chunk
 from ..server.shares import Turns
 from .catalog import Catalog, Choice
 
@@ -98,10 +98,8 @@ class WyomingService:
         self.connections: set = set()  # open handlers (the connection caps)
 
     def options(self):
-        from ..options import SynthesisOptions
-
         s = self.settings
-        return SynthesisOptions(speed=s.speed, seed=s.seed, max_frames=s.max_frames)
+        return to_options(SpeechFields(speed=s.speed, seed=s.seed, max_frames=s.max_frames))
 
     def pieces(self, text: str) -> list[str]:
         """The engine's sentence pieces of ``text`` (what one ``stream`` call would speak in turn)."""
@@ -123,14 +121,13 @@ class WyomingService:
                              f"{self.settings.max_chars} (--max-chars)")
         clean_text(text, what="the text")  # empty (nothing visible) -> InputError, the rule of every surface
         voice = await asyncio.to_thread(self.catalog.load_voice, choice)
-        frames, cap = 0, self.settings.max_request_frames
+        cap = FrameCap(self.settings.max_request_frames)
         for index, piece in enumerate(self.pieces(text)):
             async with contextlib.aclosing(self._generate(piece, choice, voice, owner, index)) as chunks:  # one turn
                 async for chunk in chunks:
-                    samples, n = capped_chunk(chunk, frames, cap)
-                    frames += n
+                    samples, _, _ = cap.take(chunk)
                     yield chunk if len(samples) == len(chunk.samples) else dataclasses.replace(chunk, samples=samples)
-                    if frames >= cap:
+                    if cap.full:
                         return
 
     async def _generate(self, text: str, choice: Choice, voice, owner: str, index: int = 0) -> AsyncIterator:
