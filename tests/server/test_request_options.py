@@ -12,7 +12,7 @@ import pytest
 from qtts.audio import AudioChunk
 from qtts.cli.main import build_parser
 from qtts.cli.say import build_options
-from qtts.engine.request import Caps, FrameCap, SpeechFields, frame_cap, to_options
+from qtts.engine.request import Caps, FrameCap, SpeechFields, count_tokens, frame_cap, to_options, with_cancel
 from qtts.errors import InputError
 from qtts.server.errors import ApiError
 from qtts.server.jobs import caps
@@ -101,3 +101,17 @@ def test_a_final_chunk_that_fills_the_cap_is_not_a_cut():
 def test_fields_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SpeechFields().seed = 1
+
+
+def test_frame_cap_over_a_stream_is_take_per_chunk():
+    chunks = [_chunk(4), _chunk(4), _chunk(4, final=True)]
+    got = [(n, capped) for _, _, n, capped in FrameCap(6).over(chunks)]
+    assert got == [(4, False), (2, True), (0, False)]  # (the final chunk is never a cut)
+
+
+def test_with_cancel_reaches_options_that_take_one_and_count_tokens_needs_a_tokenizer():
+    event = object()
+    assert with_cancel(to_options(SpeechFields()), event).cancel is event
+    assert with_cancel(None, event) is None
+    assert count_tokens(None, "hello") == 0
+    assert count_tokens(type("T", (), {"encode": staticmethod(lambda text: text.split())})(), "a b c") == 3

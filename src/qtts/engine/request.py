@@ -4,7 +4,8 @@
 their clients (JSON, a ``session.update``, a server's settings, command-line flags) but ask the same
 things: sampling, seed, speed, a frame budget, word timings. :class:`SpeechFields` holds those;
 :func:`to_options` is the one mapping to options (with the server's :class:`Caps`: its frame limit
-and chunk size), and :class:`FrameCap` the one place that cuts the audio at the frame cap.
+and chunk size), and :class:`FrameCap` the one place that cuts the audio at the frame cap; :func:`with_cancel` hands
+a job's cancel event to the engine, :func:`count_tokens` counts a request's text tokens.
 Torch- and fastapi-free: the CLI and Wyoming import it as the server does.
 """
 
@@ -86,6 +87,19 @@ def capped_chunk(chunk, frames: int, cap: int):
     return samples, n
 
 
+def with_cancel(options, cancel):
+    """Hand the request's cancel event to the engine when its options take one (a per-frame
+    check); otherwise the caller stops the stream at the next chunk boundary."""
+    if options is not None and "cancel" in {f.name for f in dataclasses.fields(options)}:
+        return dataclasses.replace(options, cancel=cancel)
+    return options
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    """A request's text tokens (OpenAI's ``usage.input_tokens``; no tokenizer: 0)."""
+    return len(tokenizer.encode(text)) if tokenizer is not None else 0
+
+
 class FrameCap:
     """The frames sent so far against a cap: :meth:`take` cuts each chunk to what still fits."""
 
@@ -98,6 +112,12 @@ class FrameCap:
         samples, n = capped_chunk(chunk, self.frames, self.cap)
         self.frames += n
         return samples, n, self.full and not chunk.is_final
+
+    def over(self, chunks):
+        """(chunk, samples, frames, capped) of each of ``chunks``, :meth:`take` applied (past the
+        cap: no samples, 0 frames)."""
+        for chunk in chunks:
+            yield (chunk, *self.take(chunk))
 
     @property
     def full(self) -> bool:

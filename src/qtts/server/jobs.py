@@ -1,12 +1,11 @@
 """The job layer between a request and a worker, shared by every speech route: a request's voice
-(alias, speaker, uploaded voice), the cancel event handed to the engine, the stats a job records
-into the metrics, and how an engine error reaches the client. The request fields -> options
+(alias, speaker, uploaded voice), the engine's tokenizer, the stats a job records into the metrics,
+and how an engine error reaches the client. The request fields -> options
 mapping and the frame cap: :mod:`qtts.engine.request`."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 
 from ..engine.request import Caps
@@ -70,21 +69,13 @@ async def named_voice(name: str, state, speakers: list[str], alias: str | None =
     return None
 
 
-def with_cancel(options, cancel):
-    """Hand the request's cancel event to the engine when its options take one (a per-frame
-    check); otherwise the worker stops the stream at the next chunk boundary."""
-    if options is not None and "cancel" in {f.name for f in dataclasses.fields(options)}:
-        return dataclasses.replace(options, cancel=cancel)
-    return options
-
-
-def input_tokens(engine, text: str) -> int:
-    """OpenAI's ``usage.input_tokens``: the input's text tokens (an engine with no tokenizer, a test fake: 0)."""
-    tokenizer = getattr(getattr(engine, "components", None), "tokenizer", None)
-    return len(tokenizer.encode(text)) if tokenizer is not None else 0
+def tokenizer_of(engine):
+    """The engine's text tokenizer (None: an engine with no tokenizer, a test fake)."""
+    return getattr(getattr(engine, "components", None), "tokenizer", None)
 
 
 def record(stats: dict, metrics) -> None:
+    """A finished job's stats into the metrics: audio seconds, cancelled, real-time factor, time to audio."""
     audio_s = stats.get("audio_s", 0.0)
     metrics.audio_seconds.inc(audio_s)
     if stats.get("cancelled"):

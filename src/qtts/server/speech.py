@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -15,14 +16,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..audio.writers import open_stream
 from ..engine.generate import AnyCancel
-from ..engine.request import FrameCap, SpeechFields, check_max_frames, frame_cap, to_options
+from ..engine.request import (
+    FrameCap,
+    SpeechFields,
+    check_max_frames,
+    count_tokens,
+    frame_cap,
+    to_options,
+    with_cancel,
+)
 from ..errors import InputError
 from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
 from ..text.prompt import speakable
 from .errors import ERROR_RESPONSES, ApiError, public_message
-from .formats import MEDIA_TYPES, open_format
-from .jobs import caps, engine_error, input_tokens, record, resolve_voice, with_cancel
+from .formats import MEDIA_TYPES
+from .jobs import caps, engine_error, record, resolve_voice, tokenizer_of
 from .responses import JobStreamingResponse
 from .speech_words import HEADER as TIMESTAMPS_HEADER
 from .speech_words import check_available, heard, json_speech
@@ -77,9 +87,9 @@ class SpeechRequest(BaseModel):
                                     "times are per word (a forced aligner) or per text piece (none).")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SpeechPlan:
-    """A validated request, ready for a worker."""
+    """A validated request, ready for a worker (what it does; the job's stats are kept beside it)."""
 
     text: str
     fmt: str
@@ -91,7 +101,6 @@ class SpeechPlan:
     options: object | None
     frame_cap: int
     t0: float
-    stats: dict
     #: word timings on: chunks come as (bytes, word dicts); not SSE: one JSON answer
     timestamps: bool = False
 
@@ -123,21 +132,22 @@ def options_of(req, settings):
     return options
 
 
-def _produce(plan: SpeechPlan, metrics):
-    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation.
-    With timestamps, a stream cut by the frame cap stops generating (``cut``) but still hands out the
-    words of the audio already sent, as their alignments finish."""
+def _produce(plan: SpeechPlan, stats: dict, metrics):
+    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation;
+    ``stats``: the job's record (the access log's line, the done event). With timestamps, a chunk is
+    (bytes, the words heard so far), and a stream cut by the frame cap stops generating (``cut``) but
+    still hands out the words of the audio already sent, as their alignments finish."""
 
     def run(engine, cancel):
-        stats, cut, timed, t_start = plan.stats, threading.Event(), plan.timestamps, time.perf_counter()
-        stats["input_tokens"] = input_tokens(engine, plan.text)
+        cut, t_start = threading.Event(), time.perf_counter()
+        stats["input_tokens"] = count_tokens(tokenizer_of(engine), plan.text)
         stream = engine.stream(plan.text, voice=plan.voice, speaker=plan.speaker, instruct=plan.instruct,
                                language=plan.language, options=with_cancel(plan.options, AnyCancel(cancel, cut)))
-        writer = open_format(plan.fmt)
+        chunks = FrameCap(plan.frame_cap).over(stream)
+        writer = open_stream(plan.fmt)
         pending = writer.start()  # the header leaves with the first audio, after input validation
-        cap = FrameCap(plan.frame_cap)
         try:
-            for chunk in stream:
+            for chunk, samples, n, capped in chunks:
                 if cancel.is_set():
                     break
                 if cut.is_set():  # past the cap: no more audio, the words of what was sent
@@ -145,21 +155,28 @@ def _produce(plan: SpeechPlan, metrics):
                     if words:
                         yield b"", words
                     continue
-                samples, n, capped = cap.take(chunk)
                 metrics.frames.inc(n)
-                stats["frames"] = cap.frames
+                stats["frames"] = stats.get("frames", 0) + n
                 stats["audio_s"] = stats.get("audio_s", 0.0) + len(samples) / chunk.sample_rate
                 stats["finish_reason"] = "length" if capped else chunk.finish_reason
                 data, pending = pending + writer.write(samples), b""
                 stats.setdefault("ttfa_s", time.perf_counter() - plan.t0)
-                yield _item(timed, data, chunk.words, stats["audio_s"])
-                if capped and not timed:
-                    break
+                if not plan.timestamps:
+                    yield data
+                    if capped:
+                        break
+                    continue
+                words = heard(chunk.words, stats["audio_s"])
+                yield (data, words) if data or words else b""  # (b"": nothing to hand on)
                 if capped:
                     cut.set()
             if not cancel.is_set():
                 stats["completed"] = True
-                yield _item(timed, pending + writer.finish(), [], 0.0)
+                data = pending + writer.finish()
+                if not plan.timestamps:
+                    yield data
+                elif data:
+                    yield data, []
         finally:
             stream.close()
             stats["gen_s"] = time.perf_counter() - t_start
@@ -169,22 +186,13 @@ def _produce(plan: SpeechPlan, metrics):
     return run
 
 
-def _item(timed: bool, data: bytes, words, audio_s: float):
-    """What the worker hands on: the bytes, or with timestamps (bytes, the words heard by ``audio_s``);
-    b"" (skipped) when there is neither."""
-    if not timed:
-        return data
-    heard_words = heard(words, audio_s)
-    return (data, heard_words) if data or heard_words else b""
-
-
 def _sse(event: dict) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-def _done_event(plan: SpeechPlan, level: str | None = None) -> dict:
+def _done_event(stats: dict, plan: SpeechPlan, level: str | None = None) -> dict:
     """The ``speech.audio.done`` event (``level``: what the word times time, with ``timestamps``)."""
-    s = plan.stats
+    s = stats
     event = {"type": "speech.audio.done", "finish_reason": s.get("finish_reason"),
              "audio_seconds": round(s.get("audio_s", 0.0), 3),
              "usage": {"input_tokens": s.get("input_tokens", 0), "output_tokens": s.get("frames", 0),
@@ -194,7 +202,7 @@ def _done_event(plan: SpeechPlan, level: str | None = None) -> dict:
     return event
 
 
-async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
+async def _body(job: Job, item: tuple, plan: SpeechPlan, stats: dict, state):
     """The response body: the first item, then the rest as the worker produces it."""
     while True:
         kind, value = item
@@ -209,12 +217,12 @@ async def _body(job: Job, item: tuple, plan: SpeechPlan, state):
                 yield data
         elif kind == "end":
             if plan.sse:
-                yield _sse(_done_event(plan, state.timestamps))
+                yield _sse(_done_event(stats, plan, state.timestamps))
             return
         else:
             err = engine_error(value)
             err.message = public_message(err.message, state.store.directory)
-            plan.stats["error"] = err.message
+            stats["error"] = err.message
             state.metrics.errors.inc(route="/v1/audio/speech", kind="midstream")
             if plan.sse:
                 yield _sse({"type": "error", "error": {"message": err.message, "type": "server_error",
@@ -264,10 +272,10 @@ async def create_speech(req: SpeechRequest, request: Request):
     plan = SpeechPlan(text=req.input, fmt=fmt, sse=req.stream_format == "sse", voice=voice, speaker=speaker,
                       instruct=req.instruct or req.instructions or None, language=req.language,
                       options=options_of(req, state.settings), frame_cap=frame_cap(SpeechFields.of(req), caps(state.settings)),
-                      t0=t0, stats=stats, timestamps=bool(req.timestamps))
+                      t0=t0, timestamps=bool(req.timestamps))
     owner = address(request)
     slot = await state.scheduler.acquire_unless(request.is_disconnected, owner=owner)
-    job = Job(state.scheduler, slot, _produce(plan, state.metrics), owner)
+    job = Job(state.scheduler, slot, _produce(plan, stats, state.metrics), owner)
     job.start()
     try:
         first = await _first(job, request)
@@ -278,11 +286,11 @@ async def create_speech(req: SpeechRequest, request: Request):
         raise engine_error(first[1])
     if plan.timestamps and not plan.sse:  # the JSON form: the whole file beside its words
         try:
-            return await json_speech(job, first, plan, state, request, _done_event, engine_error)
+            return await json_speech(job, first, plan, state, request, functools.partial(_done_event, stats), engine_error)
         finally:
             job.cancel()
     media = "text/event-stream" if plan.sse else MEDIA_TYPES[fmt]
     headers = {"X-Qtts-Model": state.settings.model_id, "Cache-Control": "no-store"}
     if plan.timestamps:
         headers[TIMESTAMPS_HEADER] = state.timestamps
-    return JobStreamingResponse(job, _body(job, first, plan, state), media_type=media, headers=headers)
+    return JobStreamingResponse(job, _body(job, first, plan, stats, state), media_type=media, headers=headers)

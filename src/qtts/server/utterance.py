@@ -18,10 +18,10 @@ import time
 import unicodedata
 
 from ..engine.generate import AnyCancel
-from ..engine.request import FrameCap
+from ..engine.request import FrameCap, with_cancel
 from ..text.sentences import sentence_end
 from .errors import ApiError, public_message
-from .jobs import engine_error, with_cancel
+from .jobs import engine_error
 from .jobs import record as record_stats
 from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, speakable
 from .speech_words import heard, shifted
