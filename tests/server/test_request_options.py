@@ -16,9 +16,9 @@ from qtts.engine.request import Caps, FrameCap, SpeechFields, count_tokens, fram
 from qtts.errors import InputError
 from qtts.server.errors import ApiError
 from qtts.server.jobs import caps
+from qtts.server.routes.speech import SpeechRequest, _check_request, options_of
+from qtts.server.routes.speech_stream import SessionConfig, session_options
 from qtts.server.settings import ServerSettings
-from qtts.server.speech import SpeechRequest, _check_request, options_of
-from qtts.server.speech_stream import SessionConfig, session_options
 from qtts.wyoming.service import WyomingService, WyomingSettings
 
 ASKED = {"temperature": 0.7, "top_k": 30, "top_p": 0.9, "repetition_penalty": 1.1, "seed": 7, "greedy": False,

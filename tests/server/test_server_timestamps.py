@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 import qtts
 from qtts.options import SynthesisOptions
-from qtts.server.speech_words import heard, shifted
+from qtts.server.routes.speech_words import heard, shifted
 from qtts.text.words import split_words
 from support.server_util import assert_error, start_server
 from support.timestamps_util import PIECE_FRAMES, TEXT, ShortPieces, no_official_aligner, tiny_aligner
@@ -286,7 +286,7 @@ def test_a_found_aligner_that_cannot_load_leaves_the_server_serving(cv, tmp_path
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     monkeypatch.setenv("QTTS_ALIGNER", str(broken))
-    with caplog.at_level("WARNING", logger="qtts.server.speech_words"):
+    with caplog.at_level("WARNING", logger="qtts.server.routes.speech_words"):
         srv, _ = start_server(qtts.load(cv, threads=1), max_frames=4)
     try:
         assert "cannot be loaded" in caplog.text

@@ -114,7 +114,7 @@ def test_messages_show_no_server_paths(base):
 
 def test_public_message_hides_the_voices_dir():
     from qtts.server.errors import public_message
-    from qtts.server.voice_routes import _about_upload
+    from qtts.server.routes.voices import _about_upload
 
     msg = "cannot read '/srv/v/.upload-1.upload.wav' (bad); see /srv/v and /srv/vv/x"
     assert public_message(msg, "/srv/v") == "cannot read '<voices>/...' (bad); see <voices>/... and /srv/vv/x"

@@ -172,7 +172,7 @@ def _load_engines(args, state) -> None:
         else:
             engines = [qtts.load(args.model, plan=plan, dtype=args.dtype, threads=threads, aligner=args.aligner)
                        for _ in range(k)]  # fmt: skip
-        if args.aligner:  # named: loaded before "ready", a failure is the load error (else: qtts.server.speech_words)
+        if args.aligner:  # named: loaded before "ready", a failure is the load error (else: qtts.server.routes.speech_words)
             (engines if batch > 1 else engines[0]).aligner  # noqa: B018
     except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
         log.error("qtts: cannot load %s: %s", args.model, exc)

@@ -78,7 +78,7 @@ class ServerState:
         slots = self.settings.slots if capacity is None else min(capacity, max(self.settings.max_concurrency,
                                                                                self.settings.max_batch))
         slots = make_slots(engine, slots)[:slots]
-        from .speech_words import timestamp_level
+        from .routes.speech_words import timestamp_level
 
         timestamps = timestamp_level(slots[0])  # loads the aligner now, not on the first request
         with self._lock:
@@ -175,9 +175,9 @@ def _ops_routes(app: FastAPI, state: ServerState) -> None:
 def create_app(engine=None, settings: ServerSettings | None = None) -> FastAPI:
     """The ASGI app. ``engine=None``: not ready until ``app.state.qtts.set_engine(tts)``."""
     from .page import router as page_router
-    from .speech import router as speech_router
-    from .speech_stream import router as stream_router
-    from .voice_routes import router as voice_router
+    from .routes.speech import router as speech_router
+    from .routes.speech_stream import router as stream_router
+    from .routes.voices import router as voice_router
 
     settings = settings or ServerSettings()
     state = ServerState(settings)

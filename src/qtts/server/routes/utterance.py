@@ -1,6 +1,6 @@
 """One utterance of a live speech session: a generation that holds a worker slot only while it speaks.
 
-A WebSocket session (:mod:`qtts.server.speech_stream`) is a series of utterances. Each one is
+A WebSocket session (:mod:`qtts.server.routes.speech_stream`) is a series of utterances. Each one is
 admitted like any request (a slot from :class:`qtts.server.worker.Scheduler`, or a place in its
 queue, or refused), runs one ``TTS.stream_text`` call fed by its own :class:`TextPieces`, and gives
 its slot back when that call ends. The session decides when an utterance's text input ends
@@ -17,15 +17,15 @@ import threading
 import time
 import unicodedata
 
-from ..engine.generate import AnyCancel
-from ..engine.request import FrameCap, with_cancel
-from ..text.sentences import sentence_end
-from .errors import ApiError, public_message
-from .jobs import engine_error
-from .jobs import record as record_stats
-from .live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, speakable
+from ...engine.generate import AnyCancel
+from ...engine.request import FrameCap, with_cancel
+from ...text.sentences import sentence_end
+from ..errors import ApiError, public_message
+from ..jobs import engine_error
+from ..jobs import record as record_stats
+from ..live_limits import BUSY, INTERNAL, POLICY, SessionError, TextPieces, speakable
+from ..worker import Job, address
 from .speech_words import heard, shifted
-from .worker import Job, address
 
 #: how often a speaking utterance checks whether its text input should end (seconds)
 CHECK_S = 0.1
@@ -71,7 +71,7 @@ class Utterance:
 
 
 class Utterances:
-    """The utterance steps of :class:`qtts.server.speech_stream.LiveSession` (its state: ``pending``,
+    """The utterance steps of :class:`qtts.server.routes.speech_stream.LiveSession` (its state: ``pending``,
     ``utt``, ``wants``, ``utterances``, ``spoke``, ``queued``, ``last_text_at``, ``header``, ``job``)."""
 
     async def _utterance(self, voice, speaker, options) -> None:
@@ -103,7 +103,7 @@ class Utterances:
 
     def _give(self, text: str) -> None:
         """New text: to the utterance now speaking, unless it should end first (module docstring
-        of qtts.server.utterance, :func:`end_point`); the rest waits for the next utterance."""
+        of qtts.server.routes.utterance, :func:`end_point`); the rest waits for the next utterance."""
         utt = self.utt
         if utt is None or utt.closed:
             self.pending.append(text)

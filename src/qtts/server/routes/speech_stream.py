@@ -3,9 +3,9 @@
 One answer per connection. The client sends JSON text frames: ``session.update`` (optional,
 first), any number of ``text.delta``, then ``text.done``. The server sends binary frames of audio
 in the session's format as it is generated, and JSON events: ``audio.started``, optional
-``audio.chunk`` timings, ``words`` (with ``timestamps``: word timings, :mod:`qtts.server.speech_words`),
+``audio.chunk`` timings, ``words`` (with ``timestamps``: word timings, :mod:`qtts.server.routes.speech_words`),
 ``audio.done`` (then it closes with 1000) and ``error``. The text is
-spoken in *utterances* (:mod:`qtts.server.utterance`): each takes a worker slot like any request
+spoken in *utterances* (:mod:`qtts.server.routes.utterance`): each takes a worker slot like any request
 (queued, or refused with 1013), runs :meth:`qtts.TTS.stream_text` fed from a :class:`TextPieces`
 queue, so text keeps arriving while the talker computes, and gives the slot back when its text
 input ends (``text.done``, a pause in the text, or, while others wait, a sentence end); a session
@@ -26,13 +26,13 @@ from typing import Annotated
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..engine.request import SpeechFields, to_options
-from ..errors import InputError
-from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
-from .errors import ApiError, public_message, validation_message
-from .formats import open_format
-from .jobs import caps, resolve_voice
-from .live_limits import (
+from ...engine.request import SpeechFields, to_options
+from ...errors import InputError
+from ...options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from ..errors import ApiError, public_message, validation_message
+from ..formats import open_format
+from ..jobs import caps, resolve_voice
+from ..live_limits import (
     BUSY,
     ESCAPE_FACTOR,
     MAX_JSON_DEPTH,
@@ -46,10 +46,10 @@ from .live_limits import (
     speakable,
     too_deep,
 )
+from ..worker import Job, address
 from .speech import Format, VoiceRef
 from .speech_words import check_available
 from .utterance import Utterance, Utterances
-from .worker import Job, address
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("qtts.server.access")
@@ -133,7 +133,7 @@ class LiveSession(Utterances):
         finally:
             await self._cleanup()
 
-    # -- generation: a series of utterances (qtts.server.utterance) ---------------------------
+    # -- generation: a series of utterances (qtts.server.routes.utterance) ---------------------------
     async def _generate(self) -> None:
         voice, speaker, options = await self._conditioning()
         self.writer = open_format(self.fmt)

@@ -17,12 +17,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Path, Request, UploadFile
 
-from ..errors import InputError
-from ..voice import ReferenceTooLong, check_reference_header
-from .aliases import effective_table
-from .errors import ERROR_RESPONSES, ApiError
-from .voices import check_voice_id, engine_speakers, remove_quietly
-from .worker import address
+from ...errors import InputError
+from ...voice import ReferenceTooLong, check_reference_header
+from ..aliases import effective_table
+from ..errors import ERROR_RESPONSES, ApiError
+from ..voices import check_voice_id, engine_speakers, remove_quietly
+from ..worker import address
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -119,7 +119,7 @@ def _create_voice(engine, store, upload: str, suffix: str, ref_text: str | None,
 def _clean_ref_text(ref_text: str | None) -> str | None:
     if not ref_text:
         return None
-    from ..api import clean_text
+    from ...api import clean_text
 
     try:
         return clean_text(ref_text, what="ref_text")

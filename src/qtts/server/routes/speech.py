@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..audio.writers import open_stream
-from ..engine.generate import AnyCancel
-from ..engine.request import (
+from ...audio.writers import open_stream
+from ...engine.generate import AnyCancel
+from ...engine.request import (
     FrameCap,
     SpeechFields,
     check_max_frames,
@@ -27,16 +27,16 @@ from ..engine.request import (
     to_options,
     with_cancel,
 )
-from ..errors import InputError
-from ..options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
-from ..text.prompt import speakable
-from .errors import ERROR_RESPONSES, ApiError, public_message
-from .formats import MEDIA_TYPES
-from .jobs import caps, engine_error, record, resolve_voice, tokenizer_of
-from .responses import JobStreamingResponse
+from ...errors import InputError
+from ...options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from ...text.prompt import speakable
+from ..errors import ERROR_RESPONSES, ApiError, public_message
+from ..formats import MEDIA_TYPES
+from ..jobs import caps, engine_error, record, resolve_voice, tokenizer_of
+from ..responses import JobStreamingResponse
+from ..worker import Job, address
 from .speech_words import HEADER as TIMESTAMPS_HEADER
 from .speech_words import check_available, heard, json_speech
-from .worker import Job, address
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -133,10 +133,8 @@ def options_of(req, settings):
 
 
 def _produce(plan: SpeechPlan, stats: dict, metrics):
-    """Worker-thread body: engine chunks -> response bytes, honouring the frame cap and cancellation;
-    ``stats``: the job's record (the access log's line, the done event). With timestamps, a chunk is
-    (bytes, the words heard so far), and a stream cut by the frame cap stops generating (``cut``) but
-    still hands out the words of the audio already sent, as their alignments finish."""
+    """Worker-thread body: engine chunks -> response bytes under the frame cap, into ``stats`` (the job's
+    record). With timestamps: (bytes, words heard); past the cap, only the words of the audio sent."""
 
     def run(engine, cancel):
         cut, t_start = threading.Event(), time.perf_counter()

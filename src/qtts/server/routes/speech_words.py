@@ -47,7 +47,7 @@ def timestamp_level(engine) -> tuple[str, str | None]:
 def check_available(state, what: str = "'timestamps'") -> None:
     """ApiError 503 when the server's aligner failed to load (:func:`timestamp_level`)."""
     if state.timestamps_error:
-        from .errors import ApiError, public_message
+        from ..errors import ApiError, public_message
 
         why = public_message(state.timestamps_error, getattr(state.store, "directory", None))
         raise ApiError(503, f"word timestamps are unavailable on this server: its forced aligner cannot be loaded "
@@ -104,7 +104,7 @@ async def _gone(request) -> None:
 
 async def _next(job, watch):
     """The job's next item, or ApiError 499 when the client hangs up first."""
-    from .errors import ApiError
+    from ..errors import ApiError
 
     item = asyncio.ensure_future(job.next())
     await asyncio.wait({item, watch}, return_when=asyncio.FIRST_COMPLETED)
