@@ -1,12 +1,11 @@
 """Small parts of the live speech WebSocket: its close codes and errors, its text queue, a message
-rate, JSON nesting, what counts as progress, the session frame cap."""
+rate, JSON nesting, what counts as progress (the frame cap: :class:`qtts.engine.request.FrameCap`)."""
 
 from __future__ import annotations
 
 import queue
 import time
 
-from ..engine.request import capped_chunk  # noqa: F401 (the one frame cap, qtts.engine.request)
 from ..text.prompt import speakable  # noqa: F401 (the one rule for empty text; used by the live session)
 
 #: close codes (RFC 6455): normal, policy violation (bad input, limits), message too big,
