@@ -25,7 +25,7 @@ def _chunks() -> list[np.ndarray]:
 
 
 def _served(fmt: str, chunks: list[np.ndarray]) -> list[bytes]:
-    """The bytes the server sends for ``chunks``, per call, as server/speech.py drives its writer."""
+    """The bytes the server sends for ``chunks``, per call, as server/routes/speech.py drives its writer."""
     from qtts.server.formats import open_format
 
     writer = open_format(fmt)

@@ -11,8 +11,8 @@ import pytest
 import soundfile as sf
 
 import qtts
-from qtts.audio.chunk import float_to_int16
 from qtts.audio.stretch import stretch
+from qtts.audio.writers import float_to_int16
 from support.server_util import start_server
 
 

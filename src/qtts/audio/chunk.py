@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import SAMPLE_RATE
-from .writers import AudioWriter, float_to_int16, write_audio
+from .writers import float_to_int16, write_audio
 
-#: names that importers take from here (cli/say.py: AudioWriter; many: float_to_int16)
-__all__ = ["Audio", "AudioChunk", "AudioWriter", "float_to_int16", "snr_db"]
+__all__ = ["Audio", "AudioChunk", "snr_db"]
 
 
 @dataclass

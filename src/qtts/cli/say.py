@@ -257,7 +257,7 @@ def write_chunks(chunks, output: str, fmt: str, progress, frames: list | None = 
     """Write the stream as it comes to ``output`` ('-' = PCM on stdout); returns the final chunk.
 
     ``frames``: a list that gets each chunk's codec frames, in order; ``words``: one that gets its word timings."""
-    from ..audio.chunk import AudioWriter, float_to_int16
+    from ..audio.writers import AudioWriter, float_to_int16
 
     last = None
     if output == "-":

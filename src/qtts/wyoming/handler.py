@@ -32,7 +32,7 @@ from wyoming.info import Describe
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from ..audio.chunk import float_to_int16
+from ..audio.writers import float_to_int16
 from ..config import SAMPLE_RATE
 from ..errors import InputError
 from ..server.clients import peer_address
