@@ -87,11 +87,11 @@ def pages() -> str:
 def collapse_huge() -> None:
     """MADV_HUGEPAGE + MADV_COLLAPSE over this process's large resident anonymous mappings
     (onnxruntime's prepacked weights among them): what an onnx plan's open() does
-    (qtts.backends.pages), here for sessions a script builds itself."""
-    from qtts.backends import pages
+    (qtts.backends.advise_huge_pages), here for sessions a script builds itself."""
+    from qtts import backends
 
-    os.environ.pop(pages.ENV, None)
-    pages.advise()
+    os.environ.pop(backends.HUGE_PAGES_ENV, None)
+    backends.advise_huge_pages()
 
 
 def add_batch_arguments(p, frames: int) -> None:

@@ -96,7 +96,7 @@ class TTS:
         """The speech tokenizer's fingerprint (codes files record it; None: no snapshot directory)."""
         snapshot = getattr(self.components, "snapshot", None)
         if self._codec is None and snapshot is not None:
-            from .plans.bundle import codec_fingerprint
+            from .plans.plan import codec_fingerprint
 
             self._codec = codec_fingerprint(snapshot)
         return self._codec

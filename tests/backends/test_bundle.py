@@ -14,7 +14,7 @@ from conftest import reference_configs
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
 from qtts.export.onnx import ExportOptions, export_bundle
-from qtts.plans.bundle import fingerprint
+from qtts.plans.plan import fingerprint
 
 NOTHING = ExportOptions(components=())  # manifest + plan only: what the checks read
 
@@ -87,9 +87,9 @@ def old_bundle(tiny_snapshot, tmp_path_factory):
 def test_old_bundle_loads_with_a_warning(tiny_snapshot, old_bundle, caplog):
     from qtts.backends import open as open_components
     from qtts.backends.onnx import OnnxVocoder
-    from qtts.plans.bundle import read_manifest
+    from qtts.plans.plan import read_manifest
 
-    with caplog.at_level(logging.WARNING, logger="qtts.plans.bundle"):
+    with caplog.at_level(logging.WARNING, logger="qtts.plans.plan"):
         parts = open_components(tiny_snapshot(kind="custom_voice"), plan=str(old_bundle / "plan.json"))
     assert "records no checkpoint fingerprint" in caplog.text
     assert isinstance(parts.vocoder, OnnxVocoder) and parts.plan.impl("vocoder") == "onnx"

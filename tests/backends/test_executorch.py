@@ -19,7 +19,7 @@ import torch
 
 from qtts.cli import main
 from qtts.config import ModelConfig
-from qtts.plans.bundle import fingerprint
+from qtts.plans.plan import fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = "Hello there, this is a test of the phone runtime."

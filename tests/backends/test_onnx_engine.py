@@ -67,8 +67,7 @@ def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
 
 def test_fp32_bundle_layout_and_manifest(fp32_bundle, snapshot):
     from qtts.export.onnx import checkpoint_hash
-    from qtts.plans.bundle import fingerprint
-    from qtts.plans.plan import load_plan
+    from qtts.plans.plan import fingerprint, load_plan
 
     plan = load_plan(os.path.join(fp32_bundle, "plan.json"))
     for name in ("talker", "predictor", "vocoder"):

@@ -1,4 +1,4 @@
-"""2 MB pages for the weights onnxruntime prepacks (qtts.backends.pages): large resident anonymous
+"""2 MB pages for the weights onnxruntime prepacks (qtts.backends.advise_huge_pages): large resident anonymous
 mappings are collapsed into huge pages, sparse ones never grow, QTTS_HUGE_PAGES=0 turns it off, and
 opening an onnx plan asks for them (a torch plan does not)."""
 
@@ -9,7 +9,7 @@ import mmap
 
 import pytest
 
-from qtts.backends import pages
+import qtts.backends as backends
 
 MB = 1 << 20
 
@@ -42,15 +42,15 @@ def _smaps(addr: int) -> dict:
 def test_the_ci_kernel_offers_huge_pages():
     """The CI machines run Linux with transparent huge pages available (else the tests below would
     prove nothing); QTTS_HUGE_PAGES is not set there."""
-    assert pages.thp_mode() in ("always", "madvise") and pages.enabled()
+    assert backends.thp_mode() in ("always", "madvise") and backends.huge_pages_enabled()
 
 
 def test_a_large_resident_mapping_is_collapsed():
     m, addr = _mapping(64 * MB, touch=True)
     try:
-        assert _smaps(addr).get("AnonHugePages", 0) == 0 or pages.thp_mode() == "always"
-        assert any(lo <= addr < lo + n for lo, n in pages.candidates())
-        assert pages.advise() >= 64 * MB
+        assert _smaps(addr).get("AnonHugePages", 0) == 0 or backends.thp_mode() == "always"
+        assert any(lo <= addr < lo + n for lo, n in backends.huge_page_candidates())
+        assert backends.advise_huge_pages() >= 64 * MB
         assert _smaps(addr)["AnonHugePages"] >= 32 * 1024  # kB: most of it now in 2 MB pages
     finally:
         m.close()
@@ -60,8 +60,8 @@ def test_a_sparse_mapping_is_left_alone():
     m, addr = _mapping(64 * MB, touch=False)
     try:
         before = _smaps(addr)["Rss"]
-        assert not any(lo <= addr < lo + n for lo, n in pages.candidates())
-        pages.advise()
+        assert not any(lo <= addr < lo + n for lo, n in backends.huge_page_candidates())
+        backends.advise_huge_pages()
         assert _smaps(addr)["Rss"] == before < 1024  # kB: collapsing would have filled it to 64 MB
     finally:
         m.close()
@@ -69,20 +69,18 @@ def test_a_sparse_mapping_is_left_alone():
 
 @pytest.mark.parametrize("value", ["0", "off"])
 def test_the_switch_turns_it_off(monkeypatch, value):
-    monkeypatch.setenv(pages.ENV, value)
+    monkeypatch.setenv(backends.HUGE_PAGES_ENV, value)
     m, addr = _mapping(16 * MB, touch=True)
     try:
-        assert not pages.enabled() and pages.advise() == 0
-        assert _smaps(addr).get("AnonHugePages", 0) == 0 or pages.thp_mode() == "always"
+        assert not backends.huge_pages_enabled() and backends.advise_huge_pages() == 0
+        assert _smaps(addr).get("AnonHugePages", 0) == 0 or backends.thp_mode() == "always"
     finally:
         m.close()
 
 
 def test_opening_an_onnx_plan_asks_for_them_and_torch_does_not(monkeypatch, tiny_snapshot, tiny_bundle):
-    import qtts.backends as backends
-
     calls = []
-    monkeypatch.setattr(pages, "advise", lambda *a, **k: calls.append("advise") or 0)
+    monkeypatch.setattr(backends, "advise_huge_pages", lambda *a, **k: calls.append("advise") or 0)
     backends.open(tiny_snapshot(kind="custom_voice"), plan="torch")
     assert calls == []
     backends.open(tiny_snapshot(kind="custom_voice"), plan=f"{tiny_bundle()}/plan.json")

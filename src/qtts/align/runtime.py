@@ -94,8 +94,8 @@ class OnnxAlignerModel:
 
 def aligner_graph(snapshot: str, precision: str, root: str | None = None) -> str:
     """The cached ONNX graph of ``snapshot`` (``precision`` fp32 or int8), exported on first use."""
-    from ..plans.bundle import fingerprint
     from ..plans.cache import cache_root
+    from ..plans.plan import fingerprint
 
     folder = os.path.join(root or cache_root(), "aligner", f"{fingerprint(snapshot)}-{precision}")
     path = os.path.join(folder, "aligner.onnx")

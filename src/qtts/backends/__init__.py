@@ -6,21 +6,42 @@
 the plan names (torch where it names none), into :class:`Components`, the way piper builds
 ``PiperVoice(config, session)``; :class:`qtts.TTS` takes the Components. Runtime modules are
 imported only when a plan names them: an ONNX plan never imports torch.
+
+The parts are built with the process resources they run on: intra-op threads
+(:func:`default_threads`) and 2 MB pages for the weights onnxruntime holds (Linux; best effort, never
+an error). onnxruntime prepacks every MatMulNBits weight (the talker's and predictor's 8- or 4-bit
+projections) into anonymous memory of its own. Where the kernel's transparent huge pages are
+``madvise``-only (a common default) that memory sits on 4 KB pages, because onnxruntime never asks
+for more, and a GEMV that streams ~0.5 GB of weights per step pays a TLB miss every 4 KB and a
+hardware prefetcher that stops at every page edge. Once an onnx plan's parts are built,
+:func:`advise_huge_pages` asks for 2 MB pages (``MADV_HUGEPAGE``) and collapses the pages already
+there (``MADV_COLLAPSE``, Linux >= 6.1) over the process's large anonymous mappings that are almost
+fully resident (so a sparse mapping, such as a thread stack, never grows). Measured on a 2-core Zen 4
+VM: talker and predictor about a third less CPU per frame, the whole frame -21 %, the same RSS
+(docs/performance.md, "2 MB pages for the weights"). ``QTTS_HUGE_PAGES=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import builtins
+import ctypes
+import logging
 import os
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from ..plans.plan import Plan, load_plan, names_torch
+from ..plans.plan import Plan, check_plan_source, load_plan, names_torch
 from .base import Backend, OpenContext, Vocoder
 
-__all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "default_threads", "open"]
+__all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "advise_huge_pages", "default_threads",
+           "open"]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 #: talker hidden sizes below this are test-sized checkpoints (the tiny random ones are 32 / 64)
 TINY_HIDDEN = 256
@@ -28,6 +49,14 @@ TINY_HIDDEN = 256
 PARTS = ("generation", "vocoder", "speaker_encoder", "speech_encoder")
 #: intra-op threads for real sizes: more than 4 buys nothing for batch-1 steps (docs/history/performance.md)
 MAX_THREADS = 4
+#: the switch of :func:`advise_huge_pages` (0 / off / no / false: 4 KB pages, as onnxruntime leaves them)
+HUGE_PAGES_ENV = "QTTS_HUGE_PAGES"
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+#: mappings smaller than this are not worth a huge page (numpy advises its own large arrays)
+HUGE_PAGES_MIN_BYTES = 4 << 20
+#: only mappings at least this resident are collapsed (collapsing fills the holes of a mapping)
+HUGE_PAGES_MIN_RESIDENT = 0.9
+_pages_lock = threading.Lock()
 
 
 def default_threads(config: ModelConfig) -> int:
@@ -94,10 +123,72 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
         plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
     )  # fmt: skip
     if any(plan.impl(name) == "onnx" for name in ("talker", "predictor", "vocoder")):
-        from .pages import advise
-
-        advise()  # 2 MB pages for the weights onnxruntime prepacked (qtts.backends.pages)
+        advise_huge_pages()  # 2 MB pages for the weights onnxruntime prepacked (module docstring)
     return components
+
+
+def huge_pages_enabled() -> bool:
+    """False off Linux, when ``QTTS_HUGE_PAGES`` is 0 / off / no / false, or when the kernel's
+    transparent huge pages are ``never``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if os.environ.get(HUGE_PAGES_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return False
+    return thp_mode() in ("always", "madvise")
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode (always / madvise / never), None where unknown
+    (``builtins.open`` here and below: this module's :func:`open` builds parts)."""
+    try:
+        with builtins.open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
+
+
+def huge_page_candidates(min_bytes: int = HUGE_PAGES_MIN_BYTES,
+                         min_resident: float = HUGE_PAGES_MIN_RESIDENT) -> list[tuple[int, int]]:  # fmt: skip
+    """(start, length) of this process's anonymous read-write mappings (and the heap) of at least
+    ``min_bytes`` whose resident share is at least ``min_resident`` (from /proc/self/smaps)."""
+    out, current = [], None
+    with builtins.open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            head = line.split()
+            if not head:
+                continue
+            if "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                lo, hi = (int(v, 16) for v in head[0].split("-"))
+                anon = len(head) == 5 or head[5] == "[heap]"
+                current = (lo, hi - lo) if anon and head[1].startswith("rw") and hi - lo >= min_bytes else None
+            elif current and head[0] == "Rss:":
+                if int(head[1]) * 1024 >= min_resident * current[1]:
+                    out.append(current)
+                current = None
+    return out
+
+
+def advise_huge_pages(min_bytes: int = HUGE_PAGES_MIN_BYTES) -> int:
+    """Ask for 2 MB pages over :func:`huge_page_candidates` and collapse them now; the bytes advised
+    (0 when :func:`huge_pages_enabled` is False or the kernel refuses). :func:`open` calls it once an
+    onnx plan's parts are built."""
+    if not huge_pages_enabled():
+        return 0
+    with _pages_lock:
+        t0, done = time.perf_counter(), 0
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            for start, length in huge_page_candidates(min_bytes):
+                if libc.madvise(start, length, MADV_HUGEPAGE) == 0:
+                    libc.madvise(start, length, MADV_COLLAPSE)  # older kernels: EINVAL, khugepaged does it later
+                    done += length
+        except (OSError, AttributeError, ValueError) as exc:  # no libc madvise, no /proc: nothing to do
+            log.debug("huge pages not advised: %s", exc)
+            return 0
+        log.debug("huge pages: %.0f MB advised in %.2f s", done / 2**20, time.perf_counter() - t0)
+        return done
 
 
 class LazyPart:
@@ -148,8 +239,6 @@ def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
     named = plan if plan is not None else os.environ.get(ENV_PLAN) or None
     resolved = load_plan(resolve_plan(plan, snapshot, dtype, backend))
     if resolved.path is not None and named is not None and preset_name(named) is None:
-        from ..plans.bundle import check_plan_source
-
         check_plan_source(resolved, snapshot)
     return resolved
 

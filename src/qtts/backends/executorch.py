@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError, require
-from ..plans.bundle import read_manifest
+from ..plans.plan import read_manifest
 from .base import Backend, OpenContext
 from .plain import PlainPredictor
 from .tables import load_table

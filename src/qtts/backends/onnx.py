@@ -29,7 +29,7 @@ except ImportError as exc:  # a partial install
     raise MissingDependencyError("'onnxruntime' (a core dependency) is not installed; reinstall qtts: "
                                  'pip install -e . (in the qtts checkout)') from exc
 
-from ..plans.bundle import read_manifest
+from ..plans.plan import read_manifest
 from .base import Backend, OpenContext
 from .tables import QuantTable, load_table
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
-from ..plans.bundle import read_manifest
+from ..plans.plan import read_manifest
 from .onnx import OnnxBackend
 from .onnx import open_generation as open_one_stream
 

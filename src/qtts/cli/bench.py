@@ -77,7 +77,7 @@ def run_bench(args) -> int:
     if args.plot:
         plot(results, args.plot, official)
     if args.json:
-        from ..plans.bundle import write_json  # temp file + rename
+        from ..plans.plan import write_json  # temp file + rename
 
         write_json(args.json, {"options": vars(opts), "results": results, "official": official})
     return 0
@@ -94,7 +94,7 @@ def _run_timestamps(args) -> int:
     for result in results:
         print(f"{result['label']}:\n{table_markdown(result)}\n", flush=True)
     if args.json:
-        from ..plans.bundle import write_json  # temp file + rename
+        from ..plans.plan import write_json  # temp file + rename
 
         write_json(args.json, {"options": {**vars(opts), "runtimes": list(opts.runtimes)}, "timestamps": results})
     return 0
@@ -113,7 +113,7 @@ def _run_concurrency(args) -> int:
         print(f"{label}: done", flush=True)
     print(table_markdown(rows))
     if args.json:
-        from ..plans.bundle import write_json  # temp file + rename
+        from ..plans.plan import write_json  # temp file + rename
 
         write_json(args.json, {"options": {**vars(opts), "levels": list(opts.levels)}, "concurrency": rows})
     return 0
@@ -137,8 +137,7 @@ def _bench_plans(args) -> list:
 
 def _label(plan_path: str) -> str:
     """'onnx: talker int4, predictor int8, vocoder fp32' from the plan's components."""
-    from ..plans.bundle import read_manifest
-    from ..plans.plan import load_plan
+    from ..plans.plan import load_plan, read_manifest
 
     plan = load_plan(plan_path)
     specs = [(short, plan.get(name)) for name, short in

@@ -84,8 +84,8 @@ def run_build(args) -> int:
 
 def run_rm(args) -> int:
     from ..backends import snapshot_dir
-    from ..plans.bundle import fingerprint
     from ..plans.cache import PRESETS, REFUSED, bundles_dir, preset_name
+    from ..plans.plan import fingerprint
 
     if not (args.keys or args.model or args.plan or args.all):
         raise InputError("say what to remove: KEY (from qtts cache ls), -m MODEL, --plan PRESET or --all")

@@ -337,7 +337,7 @@ def run_decode(args) -> int:
 def check_codec(codes_path: str, codec: str | None, model: str) -> None:
     """Refuse codes whose file names another speech tokenizer than ``--model``'s (before loading it)."""
     from ..backends import snapshot_dir
-    from ..plans.bundle import codec_fingerprint
+    from ..plans.plan import codec_fingerprint
 
     if codec is None:
         return  # an .npy, or an .npz written by hand: nothing to check

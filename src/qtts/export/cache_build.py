@@ -30,7 +30,7 @@ import traceback
 
 from ..errors import InputError, QttsError
 from ..plans.build import EXIT_ORPHANED, emit
-from ..plans.bundle import write_json
+from ..plans.plan import write_json
 
 ENV_TEST_EXPORTER = "QTTS_TEST_EXPORTER"
 

@@ -130,7 +130,7 @@ def export_text_projection_pte(talker, out: str, weights: str = "fp32") -> dict:
 def export_vocoder_pte(decoder, codes_length: int, out: str) -> dict:
     """The B-frame vocoder step of a loaded fp32 ``decoder`` -> ``out`` .pte, its contract -> ``.json``."""
     from ..model.vocoder_step import VocoderStep
-    from ..plans.bundle import write_json
+    from ..plans.plan import write_json
     from .vocoder import example_args, step_contract
 
     if int(codes_length) < 1:
@@ -177,8 +177,7 @@ def export_et_bundle(model_dir: str, out: str, weights: str = "fp32", max_len: i
 
 
 def _build(snapshot: str, out: str, weights: str, max_len: int, codes_length: int) -> dict:
-    from ..plans.bundle import MANIFEST, PLAN, source_info, write_json
-    from ..plans.plan import PLAN_VERSION
+    from ..plans.plan import MANIFEST, PLAN, PLAN_VERSION, source_info, write_json
     from ..version import __version__
     from ..weights import load_checkpoint
     from .write import write_tables

@@ -4,7 +4,7 @@ A bundle directory holds the graphs (``*.onnx`` + one ``*.onnx.data`` external-d
 numpy embedding tables (``tables/*.npy``, loaded with ``mmap_mode='r'``), the vocoder step
 artifacts (from :mod:`qtts.export.vocoder`), ``plan.json`` (per component impl / artifacts /
 precision) and ``manifest.json`` (the source checkpoint's fingerprint and sha256, opset, graph
-inputs/outputs, precision per component, qtts version; see :mod:`qtts.plans.bundle`). Export is
+inputs/outputs, precision per component, qtts version; see :mod:`qtts.plans.plan`). Export is
 deterministic: the same checkpoint and options give byte-identical files. The bundle is built in
 a temporary directory beside the target and swapped in at the end, so a failed export leaves the
 target as it was, and a re-export never mixes files of two exports.
@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from ..config import PREDICTOR_STEPS
 from ..errors import InputError
 from ..files import temp_dir_beside
-from ..plans.bundle import MANIFEST, PLAN, source_info, write_json
-from ..plans.plan import COMPONENTS
+from ..plans.plan import COMPONENTS, MANIFEST, PLAN, load_plan, source_info, write_json
 from .quantize import DEFAULT_BLOCK_SIZE
 from .write import OPSET, checkpoint_hash, export_graph, write_tables
 
@@ -340,8 +339,6 @@ def _swap(new: str, out: str) -> None:
 
 def borrowed_vocoder(bundle: str, out: str) -> dict:
     """The ``vocoder`` entry of another bundle's plan with artifact paths relative to ``out``."""
-    from ..plans.plan import load_plan
-
     spec = load_plan(os.path.join(bundle, PLAN)).get("vocoder")
     if spec.impl == "torch" or not spec.artifacts:
         raise InputError(f"{bundle}/{PLAN} has no exported vocoder to reuse")

@@ -80,8 +80,7 @@ def export_qnn_bundle(model, out_dir: str, codes_length: int = 4, soc_model: str
     The talker stays torch (the plan does not name it). Returns {"plan": path, "predictor": report,
     "vocoder": report}.
     """
-    from ..plans.bundle import MANIFEST, PLAN, source_info, write_json
-    from ..plans.plan import PLAN_VERSION
+    from ..plans.plan import MANIFEST, PLAN, PLAN_VERSION, source_info, write_json
     from .vocoder import export_vocoder_onnx
 
     out_dir = os.path.abspath(out_dir)

@@ -245,7 +245,7 @@ def plan_weights(plan, plan_path: str | None) -> dict | None:
     weights (:func:`qtts.export.quantize.streamed_weights`; a frame runs each graph once), and the
     bundle's weight recipe; None for a plan without them."""
     from ..errors import InputError
-    from ..plans.bundle import read_manifest
+    from ..plans.plan import read_manifest
     from .quantize import streamed_weights
 
     out = {}

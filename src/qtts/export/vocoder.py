@@ -22,7 +22,7 @@ import numpy as np
 from ..backends.vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, rope_freqs
 from ..errors import InputError, QttsError, require
 from ..files import publish, temp_beside
-from ..plans.bundle import write_json
+from ..plans.plan import write_json
 from .write import export_single_file
 
 log = logging.getLogger(__name__)

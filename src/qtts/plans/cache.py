@@ -32,8 +32,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from ..errors import InputError, QttsError
-from .bundle import fingerprint
-from .plan import Plan
+from .plan import Plan, fingerprint
 
 log = logging.getLogger(__name__)
 
