@@ -3,8 +3,10 @@
 
     .venv/bin/python benchmarks/bench_vocoder.py --model DIR [--frames 96] [--b 16] [--threads 2] [--profile]
 
-Rows: torch offline decode, torch stateful step (B frames per call), the same step with its
-convolutions in bf16 (``torch.autocast``), onnxruntime step (B). ``--profile`` adds an
+Rows: torch offline decode, torch stateful step (B frames per call), the bf16 step (what ``fast``
+runs where the CPU has bf16 instructions: ``qtts.model.vocoder_step_bf16``), onnxruntime fp32 step
+(B; the ``fast`` bundle's vocoder). Wall and CPU time per frame (CPU time of this process: the
+same-run ratio to the onnxruntime step holds on a noisy machine), SNR against the offline decode. ``--profile`` adds an
 onnxruntime profile of the ONNX step (kernel time per op type, convolution GFLOP from the graph's
 shapes) and the cost of a few unary ops on a [1, 96, 15360] tensor (the last decoder stage).
 """
@@ -30,12 +32,13 @@ from qtts.export.vocoder import export_vocoder_onnx, load_decoder
 
 
 def timed(fn, reps: int = 3):
-    best, out = float("inf"), None
+    """(best wall s, best CPU s of this process, the last output) over ``reps`` runs."""
+    best, cpu, out = float("inf"), float("inf"), None
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return best, cpu, out
 
 
 def profile_step(path: str, threads: int, codes: np.ndarray, b: int) -> None:
@@ -102,7 +105,7 @@ def unary_op_costs(threads: int) -> None:
                                   opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
         sess = ort.InferenceSession(model.SerializeToString(), session_options(threads),
                                     providers=["CPUExecutionProvider"])  # fmt: skip
-        t, _ = timed(lambda sess=sess: sess.run(None, {"x": x}), reps=10)
+        t, _, _ = timed(lambda sess=sess: sess.run(None, {"x": x}), reps=10)
         print(f"  onnxruntime {op} on [1, 96, 15360]: {1000 * t:.2f} ms")
 
 
@@ -127,32 +130,26 @@ def main() -> None:
         dec = voc.stream()
         return np.concatenate([dec.decode(codes[i : i + args.b]) for i in range(0, args.frames, args.b)])
 
-    t_full, ref = timed(full)
-    rows = [("torch offline decode", t_full, float("inf"))]
-    step = TorchVocoder(decoder, main=args.b)
-    t, out = timed(lambda: stream(step))
-    rows.append((f"torch step B={args.b}", t, snr_db(ref, out)))
-
-    def bf16_stream():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return stream(step)
-
-    t, out = timed(bf16_stream)
-    rows.append((f"torch step B={args.b} bf16", t, snr_db(ref, out)))
+    t, c, ref = timed(full)
+    rows = [("torch offline decode", t, c, float("inf"))]
+    for name, voc in ((f"torch step B={args.b}", TorchVocoder(decoder, main=args.b)),
+                      (f"torch bf16 step B={args.b}", TorchVocoder(decoder, main=args.b, precision="bf16"))):  # fmt: skip
+        t, c, out = timed(lambda voc=voc: stream(voc))
+        rows.append((name, t, c, snr_db(ref, out)))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"voc{args.b}.onnx")
         export_vocoder_onnx(decoder, args.b, path)
         ort_dec = OnnxVocoder(path, threads=args.threads)
-        t, out = timed(lambda: stream(ort_dec))
-        rows.append((f"onnxruntime step B={args.b}", t, snr_db(ref, out)))
+        t, c, out = timed(lambda: stream(ort_dec))
+        rows.append((f"onnxruntime step B={args.b}", t, c, snr_db(ref, out)))
         if args.profile:
             profile_step(path, args.threads, codes, args.b)
     audio_s = args.frames * 0.08
+    ort_cpu = rows[-1][2]
     print(f"{args.frames} frames ({audio_s:.2f} s audio), {args.threads} threads")
-    for name, t, snr in rows:
-        print(
-            f"  {name:<26} {1000 * t / args.frames:7.1f} ms/frame  RTF {t / audio_s:5.2f}  SNR vs offline {snr:6.1f} dB"
-        )
+    for name, t, c, snr in rows:
+        print(f"  {name:<26} {1000 * t / args.frames:7.1f} ms/frame  CPU {1000 * c / args.frames:7.1f} ms/frame "
+              f"({c / ort_cpu:4.2f}x onnxruntime)  RTF {t / audio_s:5.2f}  SNR vs offline {snr:6.1f} dB")
 
 
 if __name__ == "__main__":

@@ -32,23 +32,23 @@ def main(argv=None) -> int:
     if not 1 <= args.streams <= 4:
         p.error("--streams must be 1-4 (the engine has 4 rows)")
 
-    import qtts.backends.torch as torch_backend
+    import qtts.backends.torch_rows as torch_rows
     from qtts.backends import open as open_parts
     from support.batch_util import run_batch
 
     parts = open_parts(args.model, plan="torch", threads=args.threads, max_batch=4, parts=("generation",))
     reqs = batch_requests(parts, args.streams, args.frames)
-    product = torch_backend.RowLinear
+    product = torch_rows.RowLinear
     ms = {"one call of all rows": [], "groups of 3 rows (the product)": []}
     run_batch(parts.backend, {0: reqs})  # warm-up: first-call allocations, oneDNN primitive caches
     for _ in range(args.rounds):
         for name, mode in zip(ms, (contextlib.nullcontext, product)):
-            torch_backend.RowLinear = mode
+            torch_rows.RowLinear = mode  # what the backend's batch seam enters
             t0 = time.perf_counter()
             _, stats = run_batch(parts.backend, {0: reqs})
             steps = sum(1 for s in stats if s.predicted)
             ms[name].append((time.perf_counter() - t0 - sum(s.prefill_s for s in stats)) / steps * 1e3)
-    torch_backend.RowLinear = product
+    torch_rows.RowLinear = product
     for name, v in ms.items():
         print(f"{args.streams} stream(s), {name}: {statistics.median(v):.1f} ms/step, min {min(v):.1f} "
               f"(median of {len(v)}; max {max(v):.1f})")  # fmt: skip

@@ -23,6 +23,7 @@ from conftest import REPO_ROOT
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError, QttsError
 from qtts.plans import cache
+from qtts.plans.plan import bf16_vocoder_runs_here
 from support.fake_exporter import builds
 
 #: a loading process that builds the default plan and checks it imported no exporter and no torch
@@ -71,7 +72,15 @@ def test_the_default_plan_is_rotated_int8_and_keeps_its_fidelity(built):
     assert report["weights"]["recipe"]["repair"] == ["rotate"], report["weights"]
     assert report["talker_logit_snr_db_min"] >= 25.0, report
     assert report["predictor_logit_snr_db_min"] >= 25.0, report
-    assert report["vocoder_snr_db"] >= 80.0, report
+    # the fp32 vocoder's 80 dB; where the CPU has bf16 the bf16 step runs (its bound: test_vocoder_step_bf16.py)
+    assert report["vocoder_snr_db"] >= (28.0 if bf16_vocoder_runs_here() else 80.0), report
+
+
+def default_label() -> str:
+    """How logs and /health name the default plan here: its vocoder is the bf16 step on a bf16 CPU."""
+    if bf16_vocoder_runs_here():
+        return "fast (talker onnx int8, predictor onnx int8, vocoder torch bf16)"
+    return "fast (onnx: talker int8, predictor int8, vocoder fp32)"
 
 
 @pytest.fixture
@@ -128,7 +137,7 @@ def test_hit_after_miss_loads_the_cached_bundle_without_export(built, fake, monk
     monkeypatch.setenv("QTTS_CACHE", root)
     tts = qtts.load(snapshot, threads=1)
     assert tts.components.plan.path == path and builds(fake) == []  # no build child ran
-    assert cache.plan_label(tts.components.plan).startswith("fast (onnx: talker int8, predictor int8")
+    assert cache.plan_label(tts.components.plan).startswith(default_label())
     audio = tts.synthesize("Hello there.", speaker="serena", options=qtts.SynthesisOptions(seed=1, max_frames=4))
     assert 0 < len(audio.samples) <= 4 * 1920
     assert len(os.listdir(os.path.join(root, "bundles"))) == 1
@@ -308,7 +317,7 @@ def test_health_names_the_plan_and_the_build(built, monkeypatch):
         assert_error(httpx.get(srv.url + "/health"), 503, "building the plan, 42 %")
         app.state.qtts.set_engine(qtts.load(snapshot, threads=1))
         health = httpx.get(srv.url + "/health").json()
-    assert health["status"] == "ok" and health["model"]["plan"].startswith("fast (onnx: talker int8")
+    assert health["status"] == "ok" and health["model"]["plan"].startswith(default_label())
 
 
 def test_presets_of_one_checkpoint_share_identical_files(built, fake, tmp_path, monkeypatch, capsys):

@@ -326,9 +326,11 @@ def default_plan_cache(tiny_snapshot, tmp_path_factory):
 
 def test_files_one_request_runs(default_plan_cache):
     """docs/design.md lists the files outside model/ that ``load`` + ``stream`` execute on the default
-    path (no plan named, its bundle cached; measured here)."""
+    path (no plan named, its bundle cached; measured here) with the bundle's ONNX vocoder: what runs on a
+    CPU without bf16 instructions (the bf16 vocoder's own count: the next test)."""
     snapshot, root = default_plan_cache
-    ran = _trace(snapshot, QTTS_CACHE=root, QTTS_PLAN=None, QTTS_KERNELS=None, QTTS_NO_BUILD="1")
+    ran = _trace(snapshot, QTTS_CACHE=root, QTTS_PLAN=None, QTTS_KERNELS=None, QTTS_NO_BUILD="1",
+                 QTTS_BF16_VOCODER="0")  # fmt: skip
     assert "backends/onnx.py" in ran and "backends/torch.py" not in ran, ran  # the cached fast plan ran
     assert "api.py" in ran and "engine/stream.py" in ran and "engine/generate.py" in ran
     with open(os.path.join(REPO_ROOT, "docs", "design.md"), encoding="utf-8") as fh:
@@ -337,6 +339,26 @@ def test_files_one_request_runs(default_plan_cache):
     assert sorted(listed) == ran, f"docs/design.md lists {sorted(listed)}, a request runs {ran}"
     assert f"{len(ran)} files" in block
     assert len(ran) <= MAX_REQUEST_FILES, ran
+
+
+#: the default path where the CPU has bf16 instructions: the ONNX generation with the torch bf16 vocoder
+#: step (backends/torch.py joins; its batch-invariant linear layers are imported only by a batched engine)
+MAX_BF16_REQUEST_FILES = MAX_REQUEST_FILES + 1
+
+
+def test_files_one_bf16_vocoder_request_runs(default_plan_cache):
+    """Where the CPU has bf16 instructions the default path runs the bf16 vocoder step, in a bounded
+    number of files; elsewhere it must run the ONNX one (what the previous test counts)."""
+    from qtts.plans.plan import bf16_vocoder_runs_here
+
+    snapshot, root = default_plan_cache
+    ran = _trace(snapshot, QTTS_CACHE=root, QTTS_PLAN=None, QTTS_KERNELS=None, QTTS_NO_BUILD="1",
+                 QTTS_BF16_VOCODER=None)  # fmt: skip
+    if not bf16_vocoder_runs_here():
+        assert "backends/torch.py" not in ran, ran
+        return
+    assert "backends/torch.py" in ran and "backends/torch_rows.py" not in ran, ran
+    assert len(ran) <= MAX_BF16_REQUEST_FILES, ran
 
 
 def test_files_one_torch_request_runs(tiny_snapshot):

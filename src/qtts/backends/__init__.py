@@ -35,7 +35,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from ..plans.plan import Plan, check_plan_source, load_plan, names_torch
+from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, with_bf16_vocoder
 from .base import Backend, OpenContext, Vocoder
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "advise_huge_pages", "default_threads",
@@ -233,14 +233,17 @@ def snapshot_dir(model) -> str:
 def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
     """Any plan but an explicit torch one, through the plan cache. None and preset names: this
     checkpoint's cached bundle (built when missing), found by its fingerprint, so not checked again;
-    a plan the caller names is checked (its bundle must come from this checkpoint)."""
-    from ..plans.cache import ENV_PLAN, preset_name, resolve_plan
+    a plan the caller names is checked (its bundle must come from this checkpoint). A cached
+    bundle of a preset with the bf16 vocoder gets it where this machine runs it (``with_bf16_vocoder``)."""
+    from ..plans.cache import ENV_PLAN, preset_name, read_info, resolve_plan
 
     named = plan if plan is not None else os.environ.get(ENV_PLAN) or None
     resolved = load_plan(resolve_plan(plan, snapshot, dtype, backend))
     if resolved.path is not None and named is not None and preset_name(named) is None:
         check_plan_source(resolved, snapshot)
-    return resolved
+    if resolved.path is None:
+        return resolved
+    return with_bf16_vocoder(resolved, read_info(os.path.dirname(resolved.path)).get("preset"))
 
 
 def _generation(plan: Plan, ctx: OpenContext) -> Backend:

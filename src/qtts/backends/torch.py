@@ -27,12 +27,12 @@ except ImportError as exc:  # a core-only install
     raise missing("torch", "torch", "the torch runtime", also=BUNDLE_HINT) from exc
 
 from .base import Backend, OpenContext, Vocoder, VocoderStream
-from .torch_rows import RowLinear
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
 log = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16")
+VOCODER_PRECISIONS = ("fp32", "bf16")
 _MAIN_DTYPE = ("talker", "speaker_encoder")  # the speech tokenizer (decoder, encoder) stays fp32
 
 
@@ -148,7 +148,7 @@ class TorchBackend(Backend):
         """One talker step for ``B`` streams, each at its own position with its own cache."""
         torch = self._torch
         x = torch.as_tensor(np.asarray(embeds, dtype=np.float32), device=self.device)[:, None]
-        with torch.inference_mode(), RowLinear():
+        with torch.inference_mode(), _row_linear():
             logits, hidden = self.talker_module.forward_rows(x.to(self.dtype), [int(p) for p in positions], states)
             return self._out(logits[:, -1]), self._out(hidden[:, -1]), states
 
@@ -171,8 +171,15 @@ class TorchBackend(Backend):
             out, cache = self.predictor(x, pos, cache)
             return self._out(self.predictor.head(j, out[:, -1]))
 
-        with torch.inference_mode(), RowLinear():
+        with torch.inference_mode(), _row_linear():
             return _sample_rows(step_logits, code0, samplers, uniforms)
+
+
+def _row_linear():
+    """The batch-invariant linear mode of the batch seam (imported when a batched engine first steps)."""
+    from .torch_rows import RowLinear
+
+    return RowLinear()
 
 
 def _sample_rows(step_logits, code0: np.ndarray, samplers: list, uniforms: np.ndarray) -> np.ndarray:
@@ -197,11 +204,20 @@ class TorchVocoder(StepVocoder):
 
     exact_remainder = True
 
-    def __init__(self, decoder, main: int = 16, threads: int | None = None, stack_streams: bool = False):
+    def __init__(self, decoder, main: int = 16, threads: int | None = None, stack_streams: bool = False,
+                 precision: str = "fp32"):  # fmt: skip
         """``stack_streams``: :meth:`run_batch` runs several streams' steps as one vectorized call
-        (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one."""
+        (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one.
+        ``precision``: "fp32" (:class:`~qtts.model.vocoder_step.VocoderStep`) or "bf16"
+        (:class:`~qtts.model.vocoder_step_bf16.VocoderStepBF16`, SnakeBeta from qtts.kernels
+        where the library is built)."""
         self._torch = torch
         self.stack_streams = bool(stack_streams)
+        if precision not in VOCODER_PRECISIONS:
+            raise InputError(f"vocoder precision '{precision}' is not supported; valid: {', '.join(VOCODER_PRECISIONS)}")
+        if precision == "bf16" and self.stack_streams:
+            raise InputError("stack_streams runs fp32 steps only; drop it or use precision fp32")
+        self.precision = precision
         dtype = next(decoder.parameters()).dtype
         if dtype != self._torch.float32:
             raise InputError(
@@ -222,13 +238,21 @@ class TorchVocoder(StepVocoder):
 
     def step(self, size: int):
         """The :class:`~qtts.model.vocoder_step.VocoderStep` of ``size`` frames (built once)."""
-        from ..model.vocoder_step import VocoderStep
-
         with self._lock:
             if size not in self._steps:
                 like = next(iter(self._steps.values()), None)
-                self._steps[size] = VocoderStep(self.decoder, size, like=like).eval()
+                self._steps[size] = self._new_step(size, like).eval()
             return self._steps[size]
+
+    def _new_step(self, size: int, like):
+        if self.precision == "bf16":
+            from ..kernels import snake_rows
+            from ..model.vocoder_step_bf16 import VocoderStepBF16
+
+            return VocoderStepBF16(self.decoder, size, like=like, snake=snake_rows)
+        from ..model.vocoder_step import VocoderStep
+
+        return VocoderStep(self.decoder, size, like=like)
 
     def run(self, size, codes, freqs, valid, cache):
         torch = self._torch
@@ -350,12 +374,14 @@ def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> TorchBacke
 
 def open_vocoder(spec, ctx: OpenContext):
     """Plan options: ``mode`` ("step" | "full"), ``main`` (frames per step, 16), ``threads``,
-    ``stack_streams`` (a batched server vectorizes several streams' steps: see TorchVocoder)."""
+    ``stack_streams`` (a batched server vectorizes several streams' steps: see TorchVocoder),
+    ``precision`` ("fp32" | "bf16": the step's convolutions; default the entry's ``precision``, else fp32)."""
     decoder = load_part(ctx, "decoder")
     if spec.options.get("mode", "step") == "full":
         return TorchFullVocoder(decoder)
     return TorchVocoder(decoder, int(spec.options.get("main", 16)), spec.options.get("threads", ctx.threads),
-                        bool(spec.options.get("stack_streams", False)))
+                        bool(spec.options.get("stack_streams", False)),
+                        str(spec.options.get("precision", spec.precision or "fp32")))  # fmt: skip
 
 
 OPENERS = {

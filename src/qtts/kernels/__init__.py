@@ -1,8 +1,9 @@
 """Optional compiled kernels: C sources in this folder, built by the system compiler on first use.
 
-Today one onnxruntime custom op, ``qtts.kernels::SnakeBeta`` (``snake.c``: the vocoder's
-activation in one vectorised, multi-threaded pass instead of five, with onnxruntime's scalar
-``Sin`` among them). Nothing needs it: the bundle's vocoder steps call SnakeBeta as a model-local
+An onnxruntime custom op, ``qtts.kernels::SnakeBeta`` (``snake.c``: the vocoder's activation in
+one vectorised, multi-threaded pass instead of five, with onnxruntime's scalar ``Sin`` among them),
+and :func:`snake_rows` (``snake_rows.c``, through ctypes: the same activation on rows, rounded to
+bf16, for the torch runtime's bf16 vocoder step). Nothing needs it: the bundle's vocoder steps call SnakeBeta as a model-local
 ONNX function (:mod:`qtts.export.snake`) that onnxruntime inlines to the plain ops wherever the
 library is not registered. So:
 
@@ -23,6 +24,7 @@ leaves ``failed.txt`` with the reason beside it: later processes skip it until `
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -43,6 +45,7 @@ ENV = "QTTS_KERNELS"
 DOMAIN = "qtts.kernels"
 _lock = threading.Lock()
 _built: dict = {}  # build key folder -> the library path (or None: one warning) per process
+_rows: dict = {}  # "fn": the ctypes qtts_snake_rows (or None), looked up once
 
 
 def enabled() -> bool:
@@ -86,17 +89,58 @@ def register(options) -> bool:
     return True
 
 
+def _rows_fn():
+    """qtts_snake_rows from the library (None without one), looked up once."""
+    if "fn" not in _rows:
+        path = library()  # takes _lock itself
+        fn = None
+        if path is not None:
+            fn = ctypes.CDLL(path).qtts_snake_rows
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p]  # fmt: skip
+        _rows["fn"] = fn  # two threads racing here set the same value
+    return _rows["fn"]
+
+
+def rows_available() -> bool:
+    return _rows_fn() is not None
+
+
+def snake_rows(x, a, inv_b, isa: str | None = None):
+    """``snake_rows.c``: bf16 ``x + inv_b * sin(a * x)^2`` of contiguous rows ``x`` [T, C]
+    (float32 or bf16) with ``a``, ``inv_b`` float32 [C], in one pass (torch ops take six): the input of each convolution of
+    :class:`qtts.model.vocoder_step_bf16.VocoderStepBF16`. None when the library is unavailable: the
+    step then runs the torch ops (equal within one bf16 rounding step: torch's ``sin`` is not the
+    library's polynomial). ``isa``: "avx512" or "generic" to force a path (tests); ValueError when
+    this CPU lacks it."""
+    import torch
+
+    fn = _rows_fn()
+    if fn is None:
+        return None
+    if x.dim() != 2 or not x.is_contiguous() or x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"snake_rows takes contiguous float32/bf16 rows [T, C], got {x.dtype} {tuple(x.shape)}")
+    rows, channels = x.shape
+    if a.numel() != channels or inv_b.numel() != channels or a.dtype != torch.float32 or inv_b.dtype != torch.float32:
+        raise ValueError(f"snake_rows: a and inv_b must be {channels} float32 values")
+    out = torch.empty((rows, channels), dtype=torch.bfloat16)
+    code = fn(x.data_ptr(), int(x.dtype == torch.bfloat16), a.contiguous().data_ptr(), inv_b.contiguous().data_ptr(),
+              out.data_ptr(), rows, channels, isa.encode() if isa else None)  # fmt: skip
+    if code != 0:
+        raise ValueError(f"snake_rows: the '{isa}' path is not available on this CPU")
+    return out
+
+
 def isa(path: str) -> str:
     """The code path the library picked on this CPU: avx512 | avx2 (x86-64), neon (arm64) | generic."""
-    import ctypes
-
     fn = ctypes.CDLL(path).qtts_kernels_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES, HEADERS = ("snake.c",), ("ort_abi.h",)
+SOURCES, HEADERS = ("snake.c", "snake_rows.c"), ("ort_abi.h", "sin2.h")
 #: -O3 vectorises the plain-C path for the baseline ISA; the AVX2 / AVX-512 paths carry their own
 #: target attributes and are picked at run time, so the library runs on any CPU of the architecture
 FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-Wall")

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "ort_abi.h"
+#include "sin2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,18 +35,6 @@
 #endif
 
 #define BLOCK 16384
-#define REDUCE_LIMIT 25000.0f
-#define INV_PI 0.318309886183790671538f
-#define PI_A 3.140625f
-#define PI_B 9.67502593994140625e-4f
-#define PI_C 1.509957990978376432e-7f
-#define S3 -1.6666666666666667e-1f
-#define S5 8.3333333333333333e-3f
-#define S7 -1.9841269841269841e-4f
-#define S9 2.7557319223985893e-6f
-#define S11 -2.5052108385441720e-8f
-#define S13 1.6059043836821615e-10f
-#define ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: (v + M) - M rounds to the nearest integer */
 
 typedef void (*RunFn)(const float *x, float *y, size_t n, float a, float inv_b);
 

@@ -171,6 +171,49 @@ def names_torch(plan) -> bool:
     return isinstance(plan, str) and plan == TORCH
 
 
+#: the presets whose vocoder is the bf16 step (torch) where this machine runs bf16 natively: it meets the
+#: bf16 bar (docs/fidelity.md) at about a quarter of the fp32 step's CPU; ``QTTS_BF16_VOCODER=0`` keeps
+#: the bundle's fp32 ONNX vocoder, as do machines without torch or without bf16 instructions
+BF16_VOCODER_PRESETS, BF16_VOCODER_ENV = ("fast", "fastest"), "QTTS_BF16_VOCODER"
+#: what /proc/cpuinfo calls the instructions oneDNN's bf16 convolutions need (x86: AVX512-BF16 or AMX)
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_vocoder_runs_here() -> bool:
+    """True when the bf16 vocoder step runs natively: not switched off, torch installed, and oneDNN
+    has bf16 convolutions on this CPU (on Linux x86 read from /proc/cpuinfo first, so a CPU
+    without them never imports torch for the answer)."""
+    import importlib.util
+
+    if os.environ.get(BF16_VOCODER_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return False
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            flags = next((line for line in fh if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is not None and not any(f in flags.split() for f in _BF16_FLAGS):
+        return False
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def with_bf16_vocoder(plan: Plan, preset: str | None) -> Plan:
+    """``plan`` (the bundle of ``preset``) with the bf16 vocoder step in place of its fp32 ONNX one,
+    where :data:`BF16_VOCODER_PRESETS` names the preset and :func:`bf16_vocoder_runs_here`; else
+    ``plan`` unchanged."""
+    spec = plan.get("vocoder")
+    if preset not in BF16_VOCODER_PRESETS or spec.impl != "onnx" or not bf16_vocoder_runs_here():
+        return plan
+    bf16 = ComponentSpec("vocoder", "torch", options={"precision": "bf16", "main": 8, "threads": 1}, precision="bf16")
+    log.info("vocoder: the bf16 step (torch, this CPU has bf16 instructions; %s=0 for the fp32 one)",
+             BF16_VOCODER_ENV)
+    return Plan({**plan.components, "vocoder": bf16}, path=plan.path)
+
+
 def load_plan(plan: str | os.PathLike | dict | Plan | None) -> Plan:
     """A Plan from a file path, an already-decoded dict (paths relative to the cwd), or None."""
     if plan is None:

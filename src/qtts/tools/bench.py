@@ -222,6 +222,9 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     runs = [one_run(parts, opts.frames, opts) for _ in range(opts.repeats)]
     result = _median(runs)
     mode = f"{parts.config.tts_model_size}, {'pipelined' if opts.pipeline else 'serial'}"  # e.g. "0b6, pipelined"
+    voc = parts.plan.get("vocoder")
+    if label and voc.impl == "torch" and parts.plan.path:  # chosen at load (qtts.plans.plan.with_bf16_vocoder)
+        label = label.replace("vocoder fp32", f"vocoder {voc.precision or 'fp32'} (torch)")
     result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
     result.update(rss_mb=rss_mb(), plan_peak_rss_mb=window_peak_rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()

@@ -1,0 +1,178 @@
+"""The streaming vocoder step with its convolution stack in bf16 (issue 36).
+
+:class:`VocoderStepBF16` is :class:`~qtts.model.vocoder_step.VocoderStep` (same inputs, outputs
+and cache layout, so one host drives either) whose decoder convolutions, 4.7 of the step's
+4.8 GFLOP per frame, run in bf16:
+
+* activations are rows: ``[T, C]`` (time-major, channels contiguous), the layout oneDNN's
+  bf16 convolutions (AMX, AVX512-BF16) compute in, so no tensor is reordered per call;
+* weights are cast to bf16 and packed once into oneDNN's blocked layout (:class:`RowConv`),
+  used for calls of at least :data:`PACKED_MIN_ROWS` rows; shorter calls (the first frame's step)
+  and torch without oneDNN run the same bf16 convolution through ``F.conv1d``;
+* a transposed convolution (kernel 2s, stride s) is a convolution of kernel 2 over
+  ``[previous frame, frame]`` with ``s * out`` channels, output channel ``r * out + o`` being
+  sample ``r`` of the frame: in rows its output *is* the upsampled signal, a free reshape;
+* what bf16 would round too coarsely stays fp32: the residual stream (each unit adds its bf16
+  convolution's output to an fp32 sum), SnakeBeta (computed in fp32, rounded to bf16 once, as the
+  next convolution's input), the convolution biases of the transposed convolutions, the cache.
+  The pre-convolution, the pre-transformer and the upsampling ConvNeXt blocks stay fp32 (the
+  inherited code; 0.1 GFLOP per frame).
+
+Fidelity against the fp32 step is measured against the bf16 bar (docs/fidelity.md): the model's
+authors ran every evaluation in bf16, and this step sits several dB closer to fp32 than the
+decoder cast to bf16 does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .vocoder import RESIDUAL_DILATIONS, Decoder
+from .vocoder_step import VocoderStep
+
+BF16 = torch.bfloat16
+#: the row count weights are packed for (oneDNN picks its blocking from it; other counts reuse it)
+PACK_ROWS = 2048
+#: below this many output rows oneDNN wants another blocking than the packed one and converts the
+#: packed weights with a slow generic reorder on every call (~0.4 s for a 768 x 768 x 7 weight,
+#: measured with torch 2.13's oneDNN): those calls take the plain bf16 weights instead
+PACKED_MIN_ROWS = 128
+
+
+def onednn_bf16() -> bool:
+    """True when torch's oneDNN runs bf16 convolutions natively here (AVX512-BF16 or AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class RowConv:
+    """A 1-D convolution (stride 1, no padding) on rows ``[T, cin]`` bf16 -> ``[T - ctx, cout]`` bf16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
+        cout, cin, k = weight.shape
+        self.cout, self.cin, self.dilation = int(cout), int(cin), int(dilation)
+        self.context = (int(k) - 1) * self.dilation
+        self.weight = weight.detach().to(BF16).contiguous()
+        self.bias = None if bias is None else bias.detach().to(BF16).contiguous()
+        self.packed = None
+        if packed and onednn_bf16():
+            self.packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                self.weight.unsqueeze(2).to_mkldnn(), [0, 0], [1, 1], [1, self.dilation], 1,
+                [1, self.cin, 1, PACK_ROWS],
+            )  # fmt: skip
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        x = rows.t()  # [cin, T] with row strides: oneDNN's nwc
+        if self.packed is not None and rows.shape[0] - self.context >= PACKED_MIN_ROWS:
+            y = torch.ops.mkldnn._convolution_pointwise(
+                x[None, :, None, :], self.packed, self.bias, [0, 0], [1, 1], [1, self.dilation], 1, "none", [], ""
+            )
+            return y[0, :, 0, :].t()  # channels-last output: rows again, no copy
+        return F.conv1d(x[None], self.weight, self.bias, dilation=self.dilation)[0].t().contiguous()
+
+
+def polyphase(weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """ConvTranspose1d weight ``[cin, cout, 2s]`` -> conv weight ``[s * cout, cin, 2]`` over
+    ``[x[m-1], x[m]]``: output sample ``m*s + r`` of channel ``o`` is channel ``r * cout + o``."""
+    cin, cout, k = weight.shape
+    if k != 2 * stride:
+        raise ValueError(f"polyphase needs kernel == 2 * stride, got kernel {k}, stride {stride}")
+    taps = torch.stack([weight[:, :, stride:], weight[:, :, :stride]], dim=-1)  # [cin, cout, s, 2]
+    return taps.permute(2, 1, 0, 3).reshape(stride * cout, cin, 2)
+
+
+class VocoderStepBF16(VocoderStep):
+    """:class:`VocoderStep` with the decoder's convolutions in bf16 (module docstring)."""
+
+    def __init__(self, decoder: Decoder, codes_length: int, like: VocoderStep | None = None,
+                 packed: bool = True, snake=None):  # fmt: skip
+        """``packed``: oneDNN-packed weights where available (False: ``F.conv1d``, for tests);
+        ``snake``: a fused ``(rows, a, inv_b) -> bf16 rows`` (``qtts.kernels.rows.snake_rows``),
+        None (or returning None): torch ops."""
+        super().__init__(decoder, codes_length, like=like)
+        self.snake_kernel = snake
+        convs = getattr(like, "row_convs", None) if isinstance(like, VocoderStepBF16) else None
+        self.row_convs = convs if convs is not None else self._row_convs(decoder, packed)
+        mats = getattr(like, "upsample_mats", None) if isinstance(like, VocoderStepBF16) else None
+        self.upsample_mats = mats if mats is not None else self._upsample_mats(decoder)
+
+    @staticmethod
+    def _upsample_mats(decoder: Decoder) -> list:
+        """Per upsampling stage: the transposed conv (kernel = stride) as a bf16 matrix
+        ``[cin, s * cout]`` (column ``r * cout + o``: sample r, channel o) and the ConvNeXt MLP's
+        bf16 weights."""
+        out = []
+        for convt, block in decoder.upsample:
+            w = convt.conv.weight.detach()  # [cin, cout, s]
+            if w.shape[-1] != convt.stride:
+                raise ValueError("an upsampling transposed conv with kernel != stride")
+            mat = w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous()
+            lin = [t.detach().to(BF16) for t in (block.pwconv1.weight, block.pwconv1.bias,
+                                                 block.pwconv2.weight, block.pwconv2.bias)]  # fmt: skip
+            out.append((mat, convt.conv.bias.detach().float(), *lin))
+        return out
+
+    @staticmethod
+    def _row_convs(decoder: Decoder, packed: bool) -> dict:
+        convs = {}
+        for name, mod in decoder.decoder.named_modules():
+            key = f"decoder.{name.removesuffix('.conv')}"
+            if isinstance(mod, torch.nn.Conv1d) and name != f"{len(decoder.decoder) - 1}.conv":
+                convs[key] = RowConv(mod.weight, mod.bias, mod.dilation[0], packed)
+            elif isinstance(mod, torch.nn.ConvTranspose1d):
+                s = int(mod.stride[0])
+                conv = RowConv(polyphase(mod.weight.detach(), s), None, 1, packed)
+                conv.stride, conv.out_bias = s, mod.bias.detach().float()
+                convs[key] = conv
+        return convs
+
+    def _rows_conv(self, name: str, rows: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
+        """Causal bf16 conv over [history; rows]; the new history is the last ``context`` rows."""
+        xin = torch.cat([c[name].t().to(BF16), rows], dim=0)
+        out[name] = xin[-c[name].shape[-1] :].t()
+        return self.row_convs[name](xin)
+
+    def _rows_convt(self, name: str, rows: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
+        """Causal transposed conv as its polyphase conv: [L, cin] bf16 -> [L * s, cout] fp32."""
+        conv = self.row_convs[name]
+        y = self._rows_conv(name, rows, c, out)  # [L, s * cout]
+        return y.reshape(-1, conv.out_bias.shape[0]) + conv.out_bias
+
+    def _rows_snake(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """SnakeBeta in fp32 on rows (fp32 or bf16 in), rounded to bf16 once for the next conv."""
+        m = self.snakes[self._snake_index[name]]
+        a, inv_b = m.a.view(1, -1), m.inv_b.view(1, -1)
+        fused = self.snake_kernel(rows, a, inv_b) if self.snake_kernel is not None else None
+        if fused is not None:
+            return fused
+        s = torch.sin(rows * a)
+        return torch.addcmul(rows, inv_b, s * s).to(BF16)
+
+    def _decode(self, latent, freqs_in, cache_valid, c: dict, out: dict) -> torch.Tensor:
+        dec = self.decoder
+        h = self._conv("pre_conv", latent, c, out)
+        h = self._transformer(h.transpose(1, 2), freqs_in, cache_valid, c, out).transpose(1, 2)
+        for i, (_, block) in enumerate(dec.upsample):
+            mat, bias, w1, b1, w2, b2 = self.upsample_mats[i]
+            up = torch.matmul(h[0].t(), mat)  # [T, s * cout]
+            h = (up.reshape(-1, bias.shape[0]) + bias).t()[None]
+            x = block.norm(self._conv(f"upsample.{i}.1.dwconv", h, c, out).transpose(1, 2)).to(BF16)
+            mlp = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+            h = h + (block.gamma * mlp.float()).transpose(1, 2)
+        rows = self._rows_conv("decoder.0", h[0].t().to(BF16), c, out).float()
+        for b in range(1, len(dec.decoder) - 2):
+            snaked = self._rows_snake(f"decoder.{b}.block.0", rows)
+            rows = self._rows_convt(f"decoder.{b}.block.1", snaked, c, out)
+            for j in range(2, 2 + len(RESIDUAL_DILATIONS)):
+                unit = f"decoder.{b}.block.{j}"
+                y = self._rows_conv(unit + ".conv1", self._rows_snake(unit + ".act1", rows), c, out)
+                rows += self.row_convs[unit + ".conv2"](self._rows_snake(unit + ".act2", y))
+        last = len(dec.decoder) - 1
+        act = self._snake(f"decoder.{last - 1}", rows.t()[None])
+        return self._conv(f"decoder.{last}", act, c, out)
+
+    def forward(self, audio_codes, freqs_in, cache_valid, cache_in):
+        c, out = self.layout.split(cache_in), {}
+        h = self._decode(self._quantize(audio_codes), freqs_in, cache_valid, c, out)
+        wav = h.clamp(min=-1.0, max=1.0).reshape(-1)
+        return wav, torch.cat([out[e.name].float().reshape(-1) for e in self.layout.entries])
