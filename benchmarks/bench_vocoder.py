@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode speed of the speech decoder, side by side in one run (ms per 80 ms frame).
 
-    .venv/bin/python benchmarks/bench_vocoder.py --model DIR [--frames 96] [--b 16] [--threads 2] [--profile]
+    .venv/bin/python benchmarks/bench_vocoder.py --model DIR [--frames 96] [--b 16] [--threads 2] [--rounds 3] [--profile]
 
 Rows: torch offline decode, torch stateful step (B frames per call), the bf16 step (what ``fast``
 runs where the CPU has bf16 instructions: ``qtts.model.vocoder_step_bf16``), onnxruntime fp32 step
@@ -39,6 +39,18 @@ def timed(fn, reps: int = 3):
         out = fn()
         best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
     return best, cpu, out
+
+
+def interleaved(runs: list, rounds: int, ref) -> list:
+    """(name, best wall s, best CPU s, SNR vs ``ref``) per run, the runs alternated ``rounds`` times
+    (a machine that slows down mid-run slows every row alike)."""
+    best = {name: [float("inf"), float("inf"), None] for name, _ in runs}
+    for _ in range(rounds):
+        for name, fn in runs:
+            t, c, out = timed(fn, reps=1)
+            row = best[name]
+            row[0], row[1], row[2] = min(row[0], t), min(row[1], c), out
+    return [(name, t, c, snr_db(ref, out)) for name, (t, c, out) in best.items()]
 
 
 def profile_step(path: str, threads: int, codes: np.ndarray, b: int) -> None:
@@ -114,6 +126,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--frames", type=int, default=96)
     ap.add_argument("--b", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="each row this many times, alternated; best of")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile the ONNX step (op types, GFLOP)")
     args = ap.parse_args()
@@ -130,18 +143,17 @@ def main() -> None:
         dec = voc.stream()
         return np.concatenate([dec.decode(codes[i : i + args.b]) for i in range(0, args.frames, args.b)])
 
-    t, c, ref = timed(full)
-    rows = [("torch offline decode", t, c, float("inf"))]
+    ref = full()
+    runs = [("torch offline decode", full)]
     for name, voc in ((f"torch step B={args.b}", TorchVocoder(decoder, main=args.b)),
                       (f"torch bf16 step B={args.b}", TorchVocoder(decoder, main=args.b, precision="bf16"))):  # fmt: skip
-        t, c, out = timed(lambda voc=voc: stream(voc))
-        rows.append((name, t, c, snr_db(ref, out)))
+        runs.append((name, lambda voc=voc: stream(voc)))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"voc{args.b}.onnx")
         export_vocoder_onnx(decoder, args.b, path)
         ort_dec = OnnxVocoder(path, threads=args.threads)
-        t, c, out = timed(lambda: stream(ort_dec))
-        rows.append((f"onnxruntime step B={args.b}", t, c, snr_db(ref, out)))
+        runs.append((f"onnxruntime step B={args.b}", lambda: stream(ort_dec)))
+        rows = interleaved(runs, args.rounds, ref)
         if args.profile:
             profile_step(path, args.threads, codes, args.b)
     audio_s = args.frames * 0.08

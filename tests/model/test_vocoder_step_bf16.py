@@ -26,7 +26,7 @@ from qtts.config import DecoderConfig, _from_dict
 from qtts.export.vocoder_bar import stream_decode
 from qtts.model.vocoder import Decoder
 from qtts.model.vocoder_step import VocoderStep
-from qtts.model.vocoder_step_bf16 import PACKED_MIN_ROWS, RowConv, VocoderStepBF16, onednn_bf16, polyphase
+from qtts.model.vocoder_step_bf16 import MAX_PACKS, RowConv, VocoderStepBF16, onednn_bf16, polyphase
 from qtts.tools.random_checkpoint import speech_tokenizer_config_dict
 from qtts.tools.random_weights import Spec, _value
 from support.vocoder_fixtures import load_decoder, random_codes
@@ -67,14 +67,16 @@ def test_polyphase_equals_the_transposed_conv(decoder):
 
 
 @pytest.mark.skipif(not onednn_bf16(), reason="needs oneDNN bf16 (AVX512-BF16 or AMX)")
-@pytest.mark.parametrize("rows_out", [PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, 4 * PACKED_MIN_ROWS + 3])
-def test_the_packed_conv_equals_plain_bf16(decoder, rows_out):
+def test_the_packed_conv_equals_plain_bf16(decoder):
+    """Packed for a width, plain at other widths and past MAX_PACKS: the same bits."""
     conv = next(m for n, m in decoder.named_modules() if n.endswith("block.2.conv1.conv"))
     packed = RowConv(conv.weight, conv.bias, conv.dilation[0], packed=True)
     plain = RowConv(conv.weight, conv.bias, conv.dilation[0], packed=False)
-    assert packed.packed is not None and plain.packed is None
-    x = torch.randn(rows_out + packed.context, conv.in_channels).to(torch.bfloat16)
-    assert torch.equal(packed(x), plain(x))
+    widths = [32, 130, 517, 32]
+    for rows_out in widths:
+        x = torch.randn(rows_out + packed.context, conv.in_channels).to(torch.bfloat16)
+        assert torch.equal(packed(x), plain(x)) and torch.equal(packed(x, pack=False), plain(x))
+    assert len(packed.packs) == MAX_PACKS and not plain.packs
 
 
 @pytest.fixture(scope="module")

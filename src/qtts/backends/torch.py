@@ -229,6 +229,7 @@ class TorchVocoder(StepVocoder):
         self.threads = threads
         self._steps: dict = {}
         self._lock = threading.Lock()
+        self._main = int(main)
         probe = self.step(int(main))
         self.contract = StepContract(
             int(main), probe.cache_size, decoder.config.head_dim, probe.layout.kv_slots,
@@ -249,7 +250,8 @@ class TorchVocoder(StepVocoder):
             from ..kernels import snake_rows
             from ..model.vocoder_step_bf16 import VocoderStepBF16
 
-            return VocoderStepBF16(self.decoder, size, like=like, snake=snake_rows)
+            # weights packed for the first frame's step and the main one; remainders convert per call
+            return VocoderStepBF16(self.decoder, size, like=like, snake=snake_rows, pack=size in (1, self._main))
         from ..model.vocoder_step import VocoderStep
 
         return VocoderStep(self.decoder, size, like=like)

@@ -107,13 +107,13 @@ def rows_available() -> bool:
     return _rows_fn() is not None
 
 
-def snake_rows(x, a, inv_b, isa: str | None = None):
+def snake_rows(x, a, inv_b, isa: str | None = None, out=None):
     """``snake_rows.c``: bf16 ``x + inv_b * sin(a * x)^2`` of contiguous rows ``x`` [T, C]
     (float32 or bf16) with ``a``, ``inv_b`` float32 [C], in one pass (torch ops take six): the input of each convolution of
     :class:`qtts.model.vocoder_step_bf16.VocoderStepBF16`. None when the library is unavailable: the
     step then runs the torch ops (equal within one bf16 rounding step: torch's ``sin`` is not the
     library's polynomial). ``isa``: "avx512" or "generic" to force a path (tests); ValueError when
-    this CPU lacks it."""
+    this CPU lacks it. ``out``: contiguous bf16 [T, C] to write into (returned), else a new one."""
     import torch
 
     fn = _rows_fn()
@@ -124,8 +124,12 @@ def snake_rows(x, a, inv_b, isa: str | None = None):
     rows, channels = x.shape
     if a.numel() != channels or inv_b.numel() != channels or a.dtype != torch.float32 or inv_b.dtype != torch.float32:
         raise ValueError(f"snake_rows: a and inv_b must be {channels} float32 values")
-    out = torch.empty((rows, channels), dtype=torch.bfloat16)
-    code = fn(x.data_ptr(), int(x.dtype == torch.bfloat16), a.contiguous().data_ptr(), inv_b.contiguous().data_ptr(),
+    if out is None:
+        out = torch.empty((rows, channels), dtype=torch.bfloat16)
+    elif out.shape != x.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"snake_rows: out must be contiguous bf16 {tuple(x.shape)}")
+    a, inv_b = a.contiguous(), inv_b.contiguous()  # held until the call returns
+    code = fn(x.data_ptr(), int(x.dtype == torch.bfloat16), a.data_ptr(), inv_b.data_ptr(),
               out.data_ptr(), rows, channels, isa.encode() if isa else None)  # fmt: skip
     if code != 0:
         raise ValueError(f"snake_rows: the '{isa}' path is not available on this CPU")

@@ -224,8 +224,12 @@ class VocoderStep(nn.Module):
         phantom = torch.clamp(self.layout.kv_slots - cache_valid - self.slot_idx, 0.0, 1.0)
         return torch.matmul(MASK_VALUE * phantom, self.slot_bias_proj).view(1, 1, 1, -1)
 
+    def pre_transformer(self) -> nn.Module:
+        """The pre-transformer the step runs (a subclass may run a copy in another precision)."""
+        return self.decoder.pre_transformer
+
     def _transformer(self, x, freqs, cache_valid, c: dict, out: dict) -> torch.Tensor:
-        t = self.decoder.pre_transformer
+        t = self.pre_transformer()
         kv = self.layout.kv_slots
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos(), emb.sin()

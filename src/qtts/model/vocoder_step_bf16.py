@@ -6,8 +6,8 @@ and cache layout, so one host drives either) whose decoder convolutions, 4.7 of 
 
 * activations are rows: ``[T, C]`` (time-major, channels contiguous), the layout oneDNN's
   bf16 convolutions (AMX, AVX512-BF16) compute in, so no tensor is reordered per call;
-* weights are cast to bf16 and packed once into oneDNN's blocked layout (:class:`RowConv`),
-  used for calls of at least :data:`PACKED_MIN_ROWS` rows; shorter calls (the first frame's step)
+* weights are cast to bf16 and packed once into oneDNN's blocked layout for the widths of the
+  steps that run most (:class:`RowConv`: the first frame's step and the main step); other steps
   and torch without oneDNN run the same bf16 convolution through ``F.conv1d``;
 * a transposed convolution (kernel 2s, stride s) is a convolution of kernel 2 over
   ``[previous frame, frame]`` with ``s * out`` channels, output channel ``r * out + o`` being
@@ -25,19 +25,18 @@ decoder cast to bf16 does.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .vocoder import RESIDUAL_DILATIONS, Decoder
 from .vocoder_step import VocoderStep
 
 BF16 = torch.bfloat16
-#: the row count weights are packed for (oneDNN picks its blocking from it; other counts reuse it)
-PACK_ROWS = 2048
-#: below this many output rows oneDNN wants another blocking than the packed one and converts the
-#: packed weights with a slow generic reorder on every call (~0.4 s for a 768 x 768 x 7 weight,
-#: measured with torch 2.13's oneDNN): those calls take the plain bf16 weights instead
-PACKED_MIN_ROWS = 128
+#: input widths a convolution keeps packed weights for (:class:`RowConv`)
+MAX_PACKS = 2
 
 
 def onednn_bf16() -> bool:
@@ -46,7 +45,14 @@ def onednn_bf16() -> bool:
 
 
 class RowConv:
-    """A 1-D convolution (stride 1, no padding) on rows ``[T, cin]`` bf16 -> ``[T - ctx, cout]`` bf16."""
+    """A 1-D convolution (stride 1, no padding) on rows ``[T, cin]`` bf16 -> ``[T - ctx, cout]`` bf16.
+
+    oneDNN picks its weight blocking from the input's width; weights packed for one width and used
+    at another are converted on every call, for some shapes by a generic reorder (~0.4 s for a
+    768 x 768 x 7 weight, measured with torch 2.13's oneDNN). So a call with ``pack=True`` uses
+    weights packed for exactly its width (packed on the first such call, at most
+    :data:`MAX_PACKS` widths: the first frame's step and the main step), and every other call the
+    plain bf16 weights through ``F.conv1d`` (oneDNN converts them per call with a fast reorder)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
         cout, cin, k = weight.shape
@@ -54,21 +60,63 @@ class RowConv:
         self.context = (int(k) - 1) * self.dilation
         self.weight = weight.detach().to(BF16).contiguous()
         self.bias = None if bias is None else bias.detach().to(BF16).contiguous()
-        self.packed = None
-        if packed and onednn_bf16():
-            self.packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                self.weight.unsqueeze(2).to_mkldnn(), [0, 0], [1, 1], [1, self.dilation], 1,
-                [1, self.cin, 1, PACK_ROWS],
-            )  # fmt: skip
+        self.can_pack = bool(packed and onednn_bf16())
+        self.packs: dict[int, torch.Tensor] = {}  # input rows -> weights packed for that width
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+    def _packed(self, width: int) -> torch.Tensor | None:
+        if width not in self.packs and len(self.packs) < MAX_PACKS:
+            self.packs[width] = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                self.weight.unsqueeze(2).to_mkldnn(), [0, 0], [1, 1], [1, self.dilation], 1, [1, self.cin, 1, width]
+            )  # two threads racing here store equal packs
+        return self.packs.get(width)
+
+    def __call__(self, rows: torch.Tensor, pack: bool = True) -> torch.Tensor:
         x = rows.t()  # [cin, T] with row strides: oneDNN's nwc
-        if self.packed is not None and rows.shape[0] - self.context >= PACKED_MIN_ROWS:
+        packed = self._packed(int(rows.shape[0])) if pack and self.can_pack else None
+        if packed is not None:
             y = torch.ops.mkldnn._convolution_pointwise(
-                x[None, :, None, :], self.packed, self.bias, [0, 0], [1, 1], [1, self.dilation], 1, "none", [], ""
+                x[None, :, None, :], packed, self.bias, [0, 0], [1, 1], [1, self.dilation], 1, "none", [], ""
             )
             return y[0, :, 0, :].t()  # channels-last output: rows again, no copy
         return F.conv1d(x[None], self.weight, self.bias, dilation=self.dilation)[0].t().contiguous()
+
+
+class BF16Linear(nn.Module):
+    """``nn.Linear`` in bf16: fp32 in and out, the matmul on bf16 weights, packed by oneDNN for the
+    row counts of :data:`MAX_PACKS` calls (the same bits as the plain bf16 ``F.linear``, faster)."""
+
+    def __init__(self, linear: nn.Linear, packed: bool = True):
+        super().__init__()
+        self.weight = linear.weight.detach().to(BF16).contiguous()
+        self.bias = None if linear.bias is None else linear.bias.detach().to(BF16).contiguous()
+        self.can_pack = bool(packed and onednn_bf16())
+        self.packs: dict[int, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(BF16)
+        n = int(rows.shape[0])
+        if self.can_pack and n not in self.packs and len(self.packs) < MAX_PACKS:
+            self.packs[n] = torch.ops.mkldnn._reorder_linear_weight(self.weight, n)
+        packed = self.packs.get(n) if self.can_pack else None
+        if packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(rows, packed, self.bias, "none", [], "")
+        else:
+            y = F.linear(rows, self.weight, self.bias)
+        return y.float().reshape(*x.shape[:-1], -1)
+
+
+def bf16_linears(module: nn.Module, packed: bool = True) -> nn.Module:
+    """A copy of ``module`` whose ``nn.Linear`` layers are :class:`BF16Linear` (the rest stays fp32)."""
+    linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    memo = {}
+    for name in linears:  # the fp32 weights being replaced are not copied
+        lin = module.get_submodule(name)
+        memo.update({id(p): None for p in (lin.weight, lin.bias) if p is not None})
+    out = copy.deepcopy(module, memo)
+    for name in linears:
+        parent, _, leaf = name.rpartition(".")
+        setattr(out.get_submodule(parent) if parent else out, leaf, BF16Linear(module.get_submodule(name), packed))
+    return out
 
 
 def polyphase(weight: torch.Tensor, stride: int) -> torch.Tensor:
@@ -85,14 +133,17 @@ class VocoderStepBF16(VocoderStep):
     """:class:`VocoderStep` with the decoder's convolutions in bf16 (module docstring)."""
 
     def __init__(self, decoder: Decoder, codes_length: int, like: VocoderStep | None = None,
-                 packed: bool = True, snake=None):  # fmt: skip
-        """``packed``: oneDNN-packed weights where available (False: ``F.conv1d``, for tests);
+                 packed: bool = True, snake=None, pack: bool = True):  # fmt: skip
+        """``packed``: oneDNN-packed weights where available (False: ``F.conv1d``, for tests), and
+        ``pack``: for this step's widths (False: a step that runs rarely, the remainders);
         ``snake``: a fused ``(rows, a, inv_b) -> bf16 rows`` (``qtts.kernels.rows.snake_rows``),
         None (or returning None): torch ops."""
         super().__init__(decoder, codes_length, like=like)
-        self.snake_kernel = snake
+        self.snake_kernel, self.pack = snake, bool(pack)
         convs = getattr(like, "row_convs", None) if isinstance(like, VocoderStepBF16) else None
         self.row_convs = convs if convs is not None else self._row_convs(decoder, packed)
+        shared = getattr(like, "_bf16_transformer", None) if isinstance(like, VocoderStepBF16) else None
+        self._bf16_transformer = shared or (bf16_linears(decoder.pre_transformer, packed),)  # not a submodule
         mats = getattr(like, "upsample_mats", None) if isinstance(like, VocoderStepBF16) else None
         self.upsample_mats = mats if mats is not None else self._upsample_mats(decoder)
 
@@ -117,7 +168,7 @@ class VocoderStepBF16(VocoderStep):
         convs = {}
         for name, mod in decoder.decoder.named_modules():
             key = f"decoder.{name.removesuffix('.conv')}"
-            if isinstance(mod, torch.nn.Conv1d) and name != f"{len(decoder.decoder) - 1}.conv":
+            if isinstance(mod, torch.nn.Conv1d):
                 convs[key] = RowConv(mod.weight, mod.bias, mod.dilation[0], packed)
             elif isinstance(mod, torch.nn.ConvTranspose1d):
                 s = int(mod.stride[0])
@@ -126,27 +177,37 @@ class VocoderStepBF16(VocoderStep):
                 convs[key] = conv
         return convs
 
-    def _rows_conv(self, name: str, rows: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
-        """Causal bf16 conv over [history; rows]; the new history is the last ``context`` rows."""
-        xin = torch.cat([c[name].t().to(BF16), rows], dim=0)
-        out[name] = xin[-c[name].shape[-1] :].t()
-        return self.row_convs[name](xin)
+    def pre_transformer(self) -> nn.Module:
+        return self._bf16_transformer[0]
 
-    def _rows_convt(self, name: str, rows: torch.Tensor, c: dict, out: dict) -> torch.Tensor:
-        """Causal transposed conv as its polyphase conv: [L, cin] bf16 -> [L * s, cout] fp32."""
+    def _rows_conv(self, name: str, rows: torch.Tensor, c: dict, out: dict, snake: str | None = None):
+        """Causal bf16 conv over [history; rows] (``snake``: over [history; SnakeBeta(rows)]), the
+        input written once into one buffer (no concatenation); the new history is its last rows."""
+        hist = c[name]  # [C, context] fp32: the state keeps the bf16 values exactly
+        ctx = hist.shape[-1]
+        xin = torch.empty(ctx + rows.shape[0], rows.shape[1], dtype=BF16)
+        xin[:ctx] = hist.t()
+        if snake is None:
+            xin[ctx:] = rows
+        else:
+            self._rows_snake(snake, rows, xin[ctx:])
+        out[name] = xin[-ctx:].t()
+        return self.row_convs[name](xin, self.pack)
+
+    def _rows_convt(self, name: str, rows: torch.Tensor, c: dict, out: dict, snake: str) -> torch.Tensor:
+        """Causal transposed conv as its polyphase conv: [L, cin] -> [L * s, cout] fp32."""
         conv = self.row_convs[name]
-        y = self._rows_conv(name, rows, c, out)  # [L, s * cout]
+        y = self._rows_conv(name, rows, c, out, snake)  # [L, s * cout]
         return y.reshape(-1, conv.out_bias.shape[0]) + conv.out_bias
 
-    def _rows_snake(self, name: str, rows: torch.Tensor) -> torch.Tensor:
-        """SnakeBeta in fp32 on rows (fp32 or bf16 in), rounded to bf16 once for the next conv."""
+    def _rows_snake(self, name: str, rows: torch.Tensor, dest: torch.Tensor) -> None:
+        """SnakeBeta in fp32 on rows (fp32 or bf16 in), rounded to bf16 once, into ``dest``."""
         m = self.snakes[self._snake_index[name]]
         a, inv_b = m.a.view(1, -1), m.inv_b.view(1, -1)
-        fused = self.snake_kernel(rows, a, inv_b) if self.snake_kernel is not None else None
-        if fused is not None:
-            return fused
+        if self.snake_kernel is not None and self.snake_kernel(rows, a, inv_b, out=dest) is not None:
+            return
         s = torch.sin(rows * a)
-        return torch.addcmul(rows, inv_b, s * s).to(BF16)
+        dest.copy_(torch.addcmul(rows, inv_b, s * s))
 
     def _decode(self, latent, freqs_in, cache_valid, c: dict, out: dict) -> torch.Tensor:
         dec = self.decoder
@@ -159,20 +220,23 @@ class VocoderStepBF16(VocoderStep):
             x = block.norm(self._conv(f"upsample.{i}.1.dwconv", h, c, out).transpose(1, 2)).to(BF16)
             mlp = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
             h = h + (block.gamma * mlp.float()).transpose(1, 2)
-        rows = self._rows_conv("decoder.0", h[0].t().to(BF16), c, out).float()
+        rows = self._rows_conv("decoder.0", h[0].t(), c, out).float()
         for b in range(1, len(dec.decoder) - 2):
-            snaked = self._rows_snake(f"decoder.{b}.block.0", rows)
-            rows = self._rows_convt(f"decoder.{b}.block.1", snaked, c, out)
+            rows = self._rows_convt(f"decoder.{b}.block.1", rows, c, out, snake=f"decoder.{b}.block.0")
             for j in range(2, 2 + len(RESIDUAL_DILATIONS)):
                 unit = f"decoder.{b}.block.{j}"
-                y = self._rows_conv(unit + ".conv1", self._rows_snake(unit + ".act1", rows), c, out)
-                rows += self.row_convs[unit + ".conv2"](self._rows_snake(unit + ".act2", y))
+                y = self._rows_conv(unit + ".conv1", rows, c, out, snake=unit + ".act1")
+                act = torch.empty_like(y)
+                self._rows_snake(unit + ".act2", y, act)
+                rows += self.row_convs[unit + ".conv2"](act, self.pack)
         last = len(dec.decoder) - 1
-        act = self._snake(f"decoder.{last - 1}", rows.t()[None])
-        return self._conv(f"decoder.{last}", act, c, out)
+        return self._rows_conv(f"decoder.{last}", rows, c, out, snake=f"decoder.{last - 1}")  # [T, 1] bf16
 
     def forward(self, audio_codes, freqs_in, cache_valid, cache_in):
         c, out = self.layout.split(cache_in), {}
         h = self._decode(self._quantize(audio_codes), freqs_in, cache_valid, c, out)
-        wav = h.clamp(min=-1.0, max=1.0).reshape(-1)
-        return wav, torch.cat([out[e.name].float().reshape(-1) for e in self.layout.entries])
+        wav = h.float().clamp(min=-1.0, max=1.0).reshape(-1)
+        state = torch.empty(self.layout.size, dtype=torch.float32)
+        for e in self.layout.entries:  # each entry written once into the new state (no cat of copies)
+            state[e.offset : e.offset + e.size].view(e.shape).copy_(out[e.name])
+        return wav, state
