@@ -13,14 +13,17 @@ and cache layout, so one host drives either) whose decoder convolutions, 4.7 of 
   ``[previous frame, frame]`` with ``s * out`` channels, output channel ``r * out + o`` being
   sample ``r`` of the frame: in rows its output *is* the upsampled signal, a free reshape;
 * what bf16 would round too coarsely stays fp32: the residual stream (each unit adds its bf16
-  convolution's output to an fp32 sum), SnakeBeta (computed in fp32, rounded to bf16 once, as the
-  next convolution's input), the convolution biases of the transposed convolutions, the cache.
-  The pre-convolution, the pre-transformer and the upsampling ConvNeXt blocks stay fp32 (the
-  inherited code; 0.1 GFLOP per frame).
+  convolution's output to an fp32 sum), SnakeBeta (computed in fp32 and written, rounded to bf16
+  once, straight into the next convolution's input buffer: ``snake``, the fused kernel of
+  ``qtts.kernels``, else torch ops), the transposed convolutions' biases, the upsampling
+  transposed convolutions, the pre-convolution, the norms and attention of the pre-transformer,
+  and the state (the bf16 histories are exact in fp32);
+* the pre-transformer's and the upsampling ConvNeXt blocks' linear layers run in bf16
+  (:class:`BF16Linear`, packed weights): their fp32 matmuls at 8 rows were a sixth of the step.
 
 Fidelity against the fp32 step is measured against the bf16 bar (docs/fidelity.md): the model's
-authors ran every evaluation in bf16, and this step sits several dB closer to fp32 than the
-decoder cast to bf16 does.
+authors ran every evaluation in bf16, and this step sits ~5 dB closer to fp32 than the decoder
+cast to bf16 does (full size, random weights).
 """
 
 from __future__ import annotations
@@ -52,16 +55,24 @@ class RowConv:
     768 x 768 x 7 weight, measured with torch 2.13's oneDNN). So a call with ``pack=True`` uses
     weights packed for exactly its width (packed on the first such call, at most
     :data:`MAX_PACKS` widths: the first frame's step and the main step), and every other call the
-    plain bf16 weights through ``F.conv1d`` (oneDNN converts them per call with a fast reorder)."""
+    bf16 weights through ``F.conv1d`` (cast from fp32 per call; oneDNN reorders them fast)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
-        cout, cin, k = weight.shape
+    def __init__(self, weight, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
+        """``weight``: the fp32 ``[cout, cin, k]`` tensor, or a function returning it (computed when
+        needed: only packs and the unpacked calls read it, so no bf16 copy is kept besides the packs)."""
+        fixed = None if callable(weight) else weight.detach()
+        self._source = weight if fixed is None else (lambda: fixed)
+        cout, cin, k = self._source().shape
         self.cout, self.cin, self.dilation = int(cout), int(cin), int(dilation)
         self.context = (int(k) - 1) * self.dilation
-        self.weight = weight.detach().to(BF16).contiguous()
         self.bias = None if bias is None else bias.detach().to(BF16).contiguous()
         self.can_pack = bool(packed and onednn_bf16())
         self.packs: dict[int, torch.Tensor] = {}  # input rows -> weights packed for that width
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The bf16 weights (cast now from the fp32 source)."""
+        return self._source().detach().to(BF16).contiguous()
 
     def _packed(self, width: int) -> torch.Tensor | None:
         if width not in self.packs and len(self.packs) < MAX_PACKS:
@@ -87,21 +98,24 @@ class BF16Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, packed: bool = True):
         super().__init__()
-        self.weight = linear.weight.detach().to(BF16).contiguous()
+        self._fp32 = (linear.weight,)  # the source (not a parameter of this module): cast when needed
         self.bias = None if linear.bias is None else linear.bias.detach().to(BF16).contiguous()
         self.can_pack = bool(packed and onednn_bf16())
         self.packs: dict[int, torch.Tensor] = {}
+
+    def weight(self) -> torch.Tensor:
+        return self._fp32[0].detach().to(BF16).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(BF16)
         n = int(rows.shape[0])
         if self.can_pack and n not in self.packs and len(self.packs) < MAX_PACKS:
-            self.packs[n] = torch.ops.mkldnn._reorder_linear_weight(self.weight, n)
+            self.packs[n] = torch.ops.mkldnn._reorder_linear_weight(self.weight(), n)
         packed = self.packs.get(n) if self.can_pack else None
         if packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, packed, self.bias, "none", [], "")
         else:
-            y = F.linear(rows, self.weight, self.bias)
+            y = F.linear(rows, self.weight(), self.bias)
         return y.float().reshape(*x.shape[:-1], -1)
 
 
@@ -172,7 +186,7 @@ class VocoderStepBF16(VocoderStep):
                 convs[key] = RowConv(mod.weight, mod.bias, mod.dilation[0], packed)
             elif isinstance(mod, torch.nn.ConvTranspose1d):
                 s = int(mod.stride[0])
-                conv = RowConv(polyphase(mod.weight.detach(), s), None, 1, packed)
+                conv = RowConv(lambda mod=mod, s=s: polyphase(mod.weight.detach(), s), None, 1, packed)
                 conv.stride, conv.out_bias = s, mod.bias.detach().float()
                 convs[key] = conv
         return convs
