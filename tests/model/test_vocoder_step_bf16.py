@@ -9,7 +9,7 @@ widths, 1536 -> 96 channels, one transformer layer, random weights built in memo
   one bf16 rounding step of the torch ops (``sin`` differs in the last fp32 bits);
 * streamed (1 frame, then 8) == one offline step over all frames of the same precision, within a
   bound; the bf16 step against the fp32 step above a bound (the bf16 bar at full size is 26.8 dB
-  and this step 33.4 dB there: docs/fidelity.md).
+  and this step 31.6 dB there: docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from qtts.tools.random_checkpoint import speech_tokenizer_config_dict
 from qtts.tools.random_weights import Spec, _value
 from support.vocoder_fixtures import load_decoder, random_codes
 
-#: bf16 step vs fp32 step, waveform SNR dB (measured: tiny 39, mid 34; full size 33.4)
+#: bf16 step vs fp32 step, waveform SNR dB (full size: 31.6 over 320 frames, docs/fidelity.md)
 MIN_SNR_VS_FP32 = 28.0
 #: bf16 streamed (1 + 8) vs one offline bf16 step: the convolutions see other row counts, so oneDNN
 #: sums in another order and a few outputs round to the neighbouring bf16 value; the differences
