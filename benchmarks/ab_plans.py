@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/ab_plans.py --model DIR --plan A/plan.json --pipelined [--vocoder-threads 1]
     .venv/bin/python benchmarks/ab_plans.py --model DIR --plan A/plan.json --pipelined \
         --generation-threads 2 1 --vocoder-threads 2 1      # every split of the two cores
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan fast --pipelined --fp32-vocoder-too
+        # the default against itself with QTTS_BF16_VOCODER=0 (the bundle's fp32 ONNX vocoder)
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
 generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
@@ -16,13 +18,16 @@ TTFA. ``--pipelined`` adds, for each plan, the two-thread pipeline of ``TTS.stre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
 
 import numpy as np
 
 from qtts.backends import open as open_components
 from qtts.errors import InputError, QttsError
+from qtts.plans.plan import BF16_VOCODER_ENV
 from qtts.tools.bench import BenchOptions, one_run
 
 
@@ -38,22 +43,16 @@ def main() -> None:
                     help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
     ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],
                     help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
+    ap.add_argument("--fp32-vocoder-too", action="store_true",
+                    help="each plan also opened with QTTS_BF16_VOCODER=0: the bundle's fp32 ONNX vocoder")
     args = ap.parse_args()
     if any(t is not None and t < 1 for t in [args.threads, *args.vocoder_threads, *args.generation_threads]):
         ap.error("--threads, --vocoder-threads and --generation-threads take counts >= 1")
     serial = BenchOptions(threads=args.threads, pipeline=False)
     variants = []
-    for plan in args.plan:
-        parts = open_components(args.model, plan=plan, threads=args.threads)
-        variants.append((plan + " (serial)", parts, serial))
-        opened = {args.threads: parts}
-        for gt, vt in _splits(args) if args.pipelined else []:
-            for t in (gt, vt):
-                if t not in opened:
-                    opened[t] = open_components(args.model, plan=plan, threads=t)
-            piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
-            variants.append((f"{plan} (pipelined, generation threads {gt}, vocoder threads {vt})", piped,
-                             dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+    for plan, switch in [(p, s) for p in args.plan for s in ([None, "0"] if args.fp32_vocoder_too else [None])]:
+        with _env(BF16_VOCODER_ENV, switch):
+            variants += _plan_variants(args, plan + (" [fp32 vocoder]" if switch else ""), plan, serial)
     for _name, parts, opts in variants:  # warm-up
         one_run(parts, 4, opts)
     rows: dict[str, list] = {}
@@ -67,6 +66,36 @@ def main() -> None:
         print(f"{name}\n  talker {np.round(a[:, 0], 1)}  predictor {np.round(a[:, 1], 1)}  "
               f"vocoder {np.round(a[:, 2], 1)}  RTF {np.round(a[:, 3], 3)} (median {np.median(a[:, 3]):.3f})  "
               f"TTFA ms {np.round(a[:, 4])} (median {np.median(a[:, 4]):.0f})  foreign cores {np.round(a[:, 5], 2)}")  # fmt: skip
+
+
+def _plan_variants(args, name: str, plan: str, serial: BenchOptions) -> list:
+    """(name, parts, options) of ``plan``: serial, and each pipelined thread split."""
+    parts = open_components(args.model, plan=plan, threads=args.threads)
+    out = [(name + " (serial)", parts, serial)]
+    opened = {args.threads: parts}
+    for gt, vt in _splits(args) if args.pipelined else []:
+        for t in (gt, vt):
+            if t not in opened:
+                opened[t] = open_components(args.model, plan=plan, threads=t)
+        piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
+        out.append((f"{name} (pipelined, generation threads {gt}, vocoder threads {vt})", piped,
+                    dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+    return out
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None):
+    """``name`` set to ``value`` for the block (None: left as it is)."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None and old is None:
+            del os.environ[name]
+        elif value is not None:
+            os.environ[name] = old
 
 
 def _splits(args) -> list[tuple[int, int]]:
