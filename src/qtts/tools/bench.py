@@ -228,7 +228,7 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     result.update(label=f"{label or (str(plan) if plan else 'torch fp32')} ({mode})", load_s=load_s, pipeline=opts.pipeline)
     result.update(rss_mb=rss_mb(), plan_peak_rss_mb=window_peak_rss_mb(), peak_rss_mb=peak_rss_mb())
     result["loadavg"] = _loadavg()
-    result["floor"] = generation_floor(parts.plan, read_bandwidth_gbs())
+    result["floor"] = generation_floor(parts.plan, read_bandwidth_gbs(threads=opts.threads), opts.threads)
     return result
 
 
