@@ -7,6 +7,8 @@
         --generation-threads 2 1 --vocoder-threads 2 1      # every split of the two cores
     .venv/bin/python benchmarks/ab_plans.py --model DIR --plan fast --pipelined --fp32-vocoder-too
         # the default against itself with QTTS_BF16_VOCODER=0 (the bundle's fp32 ONNX vocoder)
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan fast --pipelined --spin-us 0 5
+        # onnxruntime's workers spinning at most 0 / 5 us between ops (QTTS_SPIN_US), one variant each
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
 generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
@@ -26,6 +28,7 @@ import sys
 import numpy as np
 
 from qtts.backends import open as open_components
+from qtts.backends.onnx import SPIN_ENV
 from qtts.errors import InputError, QttsError
 from qtts.plans.plan import BF16_VOCODER_ENV
 from qtts.tools.bench import BenchOptions, one_run
@@ -45,14 +48,20 @@ def main() -> None:
                     help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
     ap.add_argument("--fp32-vocoder-too", action="store_true",
                     help="each plan also opened with QTTS_BF16_VOCODER=0: the bundle's fp32 ONNX vocoder")
+    ap.add_argument("--spin-us", type=int, nargs="+", default=[None],
+                    help="each plan opened once per value of QTTS_SPIN_US (how long onnxruntime's idle workers spin, us)")
     args = ap.parse_args()
     if any(t is not None and t < 1 for t in [args.threads, *args.vocoder_threads, *args.generation_threads]):
         ap.error("--threads, --vocoder-threads and --generation-threads take counts >= 1")
+    if any(us is not None and us < 0 for us in args.spin_us):
+        ap.error("--spin-us takes microseconds >= 0")
     serial = BenchOptions(threads=args.threads, pipeline=False)
     variants = []
-    for plan, switch in [(p, s) for p in args.plan for s in ([None, "0"] if args.fp32_vocoder_too else [None])]:
-        with _env(BF16_VOCODER_ENV, switch):
-            variants += _plan_variants(args, plan + (" [fp32 vocoder]" if switch else ""), plan, serial)
+    switches = [None, "0"] if args.fp32_vocoder_too else [None]
+    for plan, switch, us in [(p, s, us) for p in args.plan for s in switches for us in args.spin_us]:
+        name = plan + (" [fp32 vocoder]" if switch else "") + (f" [spin {us} us]" if us is not None else "")
+        with _env(BF16_VOCODER_ENV, switch), _env(SPIN_ENV, None if us is None else str(us)):
+            variants += _plan_variants(args, name, plan, serial)
     for _name, parts, opts in variants:  # warm-up
         one_run(parts, 4, opts)
     rows: dict[str, list] = {}

@@ -37,19 +37,23 @@ from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, 
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 2
+#: how long (us) an idle intra-op worker spins before it sleeps (session_options); QTTS_SPIN_US overrides
+SPIN_US = 5
+SPIN_ENV = "QTTS_SPIN_US"
 
 
 def session_options(threads: int | None = None, spinning: bool = False):
     """ORT session options used for every graph: full graph optimization, ``threads`` intra-op.
 
-    Spinning is off by default: the talker, predictor and vocoder sessions alternate on the same
-    two cores, and one session's spinning workers steal them from the next session (measured on
-    the full-size int4 plan with ~1 foreign core: 12.7-14.2 s with spinning off, 25.7-38.8 s on).
+    Idle workers spin at most :data:`SPIN_US` us before they sleep (``spinning=True``: onnxruntime's
+    unbounded spin). A predictor frame is ~2200 nodes back to back; waking a sleeping worker for each
+    parallel one costs ~10 us, while a long spin steals the cores from the next session and other
+    processes. Full-size ``fast``, pipelined, 2-vCPU Intel Xeon VM, interleaved: RTF 1.47 without
+    spinning, 1.35 with 5 us (50 us: 1.33) idle; beside one busy core 2.02 against 1.99 (50 us: 2.34,
+    unbounded ~2x). docs/performance.md, "Spinning".
 
-    The CPU memory arena and memory patterns are off: the arena keeps every session's peak of
-    activations (the vocoder's are the largest) for the life of the process. Full-size ``fast``
-    plan, 64 frames, 2 threads, two interleaved pairs on an idle 2-core Zen 4: RTF 1.74 / 1.69 with
-    them off against 1.74 / 1.68 on, peak RSS 1501-1508 MB against 1611-1614 MB.
+    No CPU memory arena or memory patterns: the arena keeps every session's peak of activations for
+    the life of the process (Zen 4, ``fast``: same RTF, peak RSS 1501-1508 MB against 1611-1614 MB).
     """
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -58,8 +62,13 @@ def session_options(threads: int | None = None, spinning: bool = False):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_cpu_mem_arena = False
     so.enable_mem_pattern = False
+    spin_us = os.environ.get(SPIN_ENV, "").strip() or str(SPIN_US)
+    if not spin_us.isdigit():
+        raise InputError(f"{SPIN_ENV}={spin_us!r} is not a whole number of microseconds; set it to 0 (no spinning) "
+                         f"or a bound such as {SPIN_US}, or unset it")  # fmt: skip
     if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0" if int(spin_us) == 0 else "1")
+        so.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
     return so
 
 
