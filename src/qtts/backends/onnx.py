@@ -37,23 +37,17 @@ from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, 
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 2
-#: how long (us) an idle intra-op worker spins before it sleeps (session_options); QTTS_SPIN_US overrides
-SPIN_US = 5
+SPIN_US = 5  #: how long (us) an idle intra-op worker spins before it sleeps; QTTS_SPIN_US overrides
 SPIN_ENV = "QTTS_SPIN_US"
 
 
 def session_options(threads: int | None = None, spinning: bool = False):
     """ORT session options used for every graph: full graph optimization, ``threads`` intra-op.
 
-    Idle workers spin at most :data:`SPIN_US` us before they sleep (``spinning=True``: onnxruntime's
-    unbounded spin). A predictor frame is ~2200 nodes back to back; waking a sleeping worker for each
-    parallel one costs ~10 us, while a long spin steals the cores from the next session and other
-    processes. Full-size ``fast``, pipelined, 2-vCPU Intel Xeon VM, interleaved: RTF 1.47 without
-    spinning, 1.35 with 5 us (50 us: 1.33) idle; beside one busy core 2.02 against 1.99 (50 us: 2.34,
-    unbounded ~2x). docs/performance.md, "Spinning".
-
-    No CPU memory arena or memory patterns: the arena keeps every session's peak of activations for
-    the life of the process (Zen 4, ``fast``: same RTF, peak RSS 1501-1508 MB against 1611-1614 MB).
+    Idle workers spin at most :data:`SPIN_US` us before they sleep (``spinning=True``: unbounded):
+    waking a sleeping worker costs ~10 us a node of ~2200 per predictor frame, a long spin steals the
+    cores from the next session and other processes (docs/performance.md, "Spinning"). No memory
+    arena or patterns: the arena keeps every session's peak activations (+100 MB RSS, same RTF).
     """
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
