@@ -1,5 +1,6 @@
-"""Gathered embedding tables (qtts.backends.tables): fp32/fp16/int8 storage round trips, the int8
-rows' SNR, stacked-table indexing, a bundle exported with int8 tables runs and stays close to fp32."""
+"""Gathered embedding tables (qtts.plans.plan reads them, qtts.export.write writes them): fp32/fp16/int8
+storage round trips, the int8 rows' SNR, stacked-table indexing, a bundle exported with int8 tables runs
+and stays close to fp32."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from qtts.backends.tables import QuantTable, load_table, quantize_rows, save_table, storage_of
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
+from qtts.export.write import quantize_rows, save_table
+from qtts.plans.plan import QuantTable, load_table, storage_of
 
 
 def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:

@@ -29,10 +29,9 @@ import numpy as np
 
 from ..config import NUM_CODEBOOKS
 from ..errors import InputError, require
-from ..plans.plan import read_manifest
+from ..plans.plan import load_table, read_manifest
 from .base import Backend, OpenContext
 from .plain import PlainPredictor
-from .tables import load_table
 from .vocoder_step import StepContract, StepVocoder
 
 log = logging.getLogger(__name__)

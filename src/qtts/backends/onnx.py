@@ -29,9 +29,8 @@ except ImportError as exc:  # a partial install
     raise MissingDependencyError("'onnxruntime' (a core dependency) is not installed; reinstall qtts: "
                                  'pip install -e . (in the qtts checkout)') from exc
 
-from ..plans.plan import read_manifest
+from ..plans.plan import QuantTable, load_table, read_manifest
 from .base import Backend, OpenContext
-from .tables import QuantTable, load_table
 from .vocoder_step import STEP_INPUTS, STEP_OUTPUTS, StepContract, StepVocoder, pair_contracts
 
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ class OnnxBackend(Backend):
         """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest graph info."""
         self.threads = threads
         self.meta = meta
-        load = lambda key: load_table(artifacts[key])  # noqa: E731  (fp32, fp16 or int8 + scales: qtts.backends.tables)
+        load = lambda key: load_table(artifacts[key])  # noqa: E731  (fp32, fp16 or int8 + scales: qtts.plans.plan)
         self.text_table = load("text_embedding")  # mapped; rows are read back as fp32 when gathered
         self.codec_table = _resident(load("codec_embedding"))
         self.predictor_tables = _resident(load("predictor_codec_embedding"))

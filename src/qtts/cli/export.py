@@ -7,9 +7,9 @@ import json
 import os
 import time
 
-from ..backends.tables import STORAGES as TABLE_STORAGES
 from ..errors import InputError
 from ..plans.plan import COMPONENTS, LEGACY_NAMES
+from ..plans.plan import STORAGES as TABLE_STORAGES
 from .bench import register as register_bench
 from .common import add_model, check_file, check_folder, cli_plan, command, group, hidden_alias, number
 from .export_et import register_et

@@ -63,7 +63,7 @@ class ExportOptions:
     batch_graphs: bool = True
     #: storage of the gathered embedding tables (text, codec, predictor codec): "fp16" halves them
     #: (the 151936 x 2048 text embedding is 1.24 GB in fp32), "int8" (per-row scales) quarters
-    #: them; rows are read back as fp32 (qtts.backends.tables)
+    #: them; rows are read back as fp32 (qtts.plans.plan.load_table)
     tables: str = "fp32"
     #: per-group precision rules over talker / predictor (``--mix``, :mod:`qtts.export.recipe`), e.g.
     #: "talker.first2=int8,predictor.heads9-15=int8"; "" = every weight at its component's precision

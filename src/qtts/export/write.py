@@ -5,7 +5,7 @@
   graphs NPU toolchains load as a single file (the vocoder step, the plain predictor step);
 * :func:`save_model`: deterministic save (no producer version, no timestamps) to a temp name, renamed;
 * :func:`write_tables`: a bundle's embedding and RoPE tables (``tables/*.npy``, stored by
-  :mod:`qtts.backends.tables`); :func:`checkpoint_hash`: the manifest's sha256 of the weights.
+  :func:`save_table`, read by :func:`qtts.plans.plan.load_table`); :func:`checkpoint_hash`: the manifest's sha256 of the weights.
 
 torch's exporter warnings (tracer constants, the legacy-exporter notice) are expected here and go
 to this module's log at debug level instead of the user's terminal.
@@ -23,9 +23,9 @@ import warnings
 
 import numpy as np
 
-from ..backends.tables import STORAGES, save_table
 from ..errors import InputError, require
-from ..files import publish, temp_beside
+from ..files import atomic_path, publish, temp_beside
+from ..plans.plan import SCALE_SUFFIX, STORAGES
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +147,29 @@ def checkpoint_hash(model_dir: str) -> dict:
                         h.update(block)
                 digests[os.path.relpath(path, model_dir)] = h.hexdigest()
     return digests
+
+
+def quantize_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row int8: ``(int8 data, fp32 scales)`` with ``data * scale ~= arr``."""
+    arr = np.asarray(arr, dtype=np.float32)
+    absmax = np.abs(arr).max(axis=-1)
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    data = np.clip(np.rint(arr / scale[..., None]), -127, 127).astype(np.int8)
+    return data, scale
+
+
+def save_table(path: str, arr: np.ndarray, storage: str) -> None:
+    """Write ``arr`` to ``path`` (``.npy``) in ``storage``, atomically (scales first for int8)."""
+    if storage not in STORAGES:
+        raise InputError(f"unknown table storage '{storage}'; use one of {', '.join(STORAGES)}")
+    if storage == "int8":
+        data, scale = quantize_rows(arr)
+        _save(path[: -len(".npy")] + SCALE_SUFFIX, scale)
+        _save(path, data)
+    else:
+        _save(path, np.ascontiguousarray(arr, dtype=np.float16 if storage == "fp16" else np.float32))
+
+
+def _save(path: str, arr: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, arr)

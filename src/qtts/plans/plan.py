@@ -22,6 +22,13 @@ An exported bundle is a folder: ``plan.json``, ``manifest.json`` beside it, the 
 read it with :func:`read_manifest`; :func:`check_plan_source` refuses a plan exported from another
 checkpoint.
 
+The tables (the text, codec and predictor embeddings: a generation gathers a few rows) are
+memory-mapped ``.npy`` files in one of :data:`STORAGES`: ``fp32`` / ``fp16`` as they are (rows read
+back as fp32), or ``int8`` with one fp32 scale per row in ``NAME.scale.npy`` (a row reads back as
+``int8 * scale``; ~42 dB of row SNR for a Gaussian row of 2048, docs/fidelity.md has the gate).
+:func:`load_table` finds the storage from the file itself, so the manifest names one path per table;
+``qtts.export.write.save_table`` writes them.
+
 The fingerprint (:func:`fingerprint`) is cheap to compute at every load, yet tells checkpoints
 apart: a sha256 over both ``config.json`` files and, per ``*.safetensors`` file, its size, its
 header (names, dtypes, shapes, offsets) and 16 evenly spaced 4 KiB blocks of its data. Two random
@@ -40,6 +47,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 from ..errors import InputError
 from ..files import atomic_path
@@ -327,3 +336,55 @@ def check_plan_source(plan, snapshot: str) -> None:
             f"{source['fingerprint']}), but --model is {snapshot} (fingerprint {ours}); pass the checkpoint "
             "the bundle was exported from, or re-export the bundle from this one"
         )
+
+
+STORAGES = ("fp32", "fp16", "int8")
+SCALE_SUFFIX = ".scale.npy"
+
+
+class QuantTable:
+    """An int8 table with per-row scales; indexing the leading axes gives fp32 rows."""
+
+    def __init__(self, data: np.ndarray, scale: np.ndarray):
+        if data.shape[:-1] != scale.shape:
+            raise InputError(f"int8 table of shape {data.shape} has scales of shape {scale.shape}; re-export the bundle")
+        self.data, self.scale = data, scale
+
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, (int, np.integer)) and self.data.ndim > 2:
+            return QuantTable(self.data[idx], self.scale[idx])  # one table of a stacked set
+        rows, scale = self.data[idx], self.scale[idx]
+        return rows.astype(np.float32) * np.asarray(scale, dtype=np.float32)[..., None]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.data.astype(np.float32) * np.asarray(self.scale, dtype=np.float32)[..., None]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def load_table(path: str):
+    """A memory-mapped table: an ndarray (fp32/fp16) or a :class:`QuantTable` (int8 + scales)."""
+    data = np.load(path, mmap_mode="r")
+    if data.dtype != np.int8:
+        return data
+    scale_path = path[: -len(".npy")] + SCALE_SUFFIX
+    if not os.path.exists(scale_path):
+        raise InputError(f"int8 table '{path}' has no scales '{scale_path}'; re-export the bundle")
+    return QuantTable(data, np.load(scale_path))
+
+
+def storage_of(table) -> str:
+    """``fp32``, ``fp16`` or ``int8``: how a loaded table is stored."""
+    if isinstance(table, QuantTable):
+        return "int8"
+    return "fp16" if table.dtype == np.float16 else "fp32"
