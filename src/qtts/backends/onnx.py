@@ -45,7 +45,8 @@ def session_options(threads: int | None = None, spinning: bool = False):
 
     Idle workers spin at most :data:`SPIN_US` us before they sleep (``spinning=True``: unbounded):
     waking a sleeping worker costs ~10 us a node of ~2200 per predictor frame, a long spin steals the
-    cores from the next session and other processes (docs/performance.md, "Spinning"). No memory
+    cores from the next session and other processes (docs/performance.md, "Spinning": -4 % RTF
+    idle, +4 % beside a busy core). No memory
     arena or patterns: the arena keeps every session's peak activations (+100 MB RSS, same RTF).
     """
     so = ort.SessionOptions()
@@ -56,7 +57,7 @@ def session_options(threads: int | None = None, spinning: bool = False):
     so.enable_cpu_mem_arena = False
     so.enable_mem_pattern = False
     spin_us = os.environ.get(SPIN_ENV, "").strip() or str(SPIN_US)
-    if not spin_us.isdigit():
+    if not spin_us.isdecimal():
         raise InputError(f"{SPIN_ENV}={spin_us!r} is not a whole number of microseconds; set it to 0 (no spinning) "
                          f"or a bound such as {SPIN_US}, or unset it")  # fmt: skip
     if not spinning:
