@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from qtts.backends import open as open_parts  # noqa: E402
-from qtts.engine.generate import advance, advance_rows, next_code0, predict, predict_rows, prefill, release  # noqa: E402
-from qtts.engine.sampling import PredictorSampler  # noqa: E402
+from qtts.engine.batching import advance_rows, predict_rows  # noqa: E402
+from qtts.engine.generate import PredictorSampler, advance, next_code0, predict, prefill, release  # noqa: E402
 from support.batch_util import TEXTS, request, voices  # noqa: E402
 
 

@@ -34,7 +34,7 @@ from qtts.backends.executorch import EtVocoder, load_method, method_runner, read
 from qtts.backends.plain import PlainPredictor
 from qtts.backends.qnn import torch_tables
 from qtts.backends.torch import TorchBackend, TorchVocoder
-from qtts.engine.sampling import PredictorSampler
+from qtts.engine.generate import PredictorSampler
 from qtts.export.executorch import export_predictor_pte, export_vocoder_pte
 from qtts.export.qnn import plain_step
 from qtts.options import SamplingParams

@@ -24,7 +24,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
 from qtts.backends import open as open_parts  # noqa: E402
-from qtts.engine.generate import advance_rows, next_code0, predict_rows, prefill, release  # noqa: E402
+from qtts.engine.batching import advance_rows, predict_rows  # noqa: E402
+from qtts.engine.generate import next_code0, prefill, release  # noqa: E402
 from support.batch_util import TEXTS, request, voices  # noqa: E402
 
 

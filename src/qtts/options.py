@@ -3,7 +3,9 @@
 ``None`` always means "the model default": the checkpoint's ``generation_config.json``
 (read into :class:`qtts.config.GenerationConfig`), or the official wrapper's default where the
 file has no such value. :meth:`SynthesisOptions.resolve` turns the ``None`` fields into
-concrete values, so the generation loop never sees a ``None`` sampling parameter.
+concrete values, so the generation loop never sees a ``None`` sampling parameter: a
+:class:`LoopParams` is what one generation runs with (those values, the frame budget, the checkpoint's
+token rules). :func:`frame_budget` is the default ``max_frames``; :class:`AnyCancel` joins ``cancel`` flags.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 #: SynthesisOptions.pipeline default (docs/history/performance.md has the A/B behind it)
 PIPELINE_DEFAULT = True
+#: the default frame budget (``max_frames=None``) = BUDGET_BASE + BUDGET_PER_TOKEN * text tokens (12.5
+#: frames per second of audio): 40 frames = 3.2 s of slack, 8 frames = 0.64 s per text token (a
+#: spelled-out digit is one token and one word; normal speech needs 2-4 frames per token).
+BUDGET_BASE = 40
+BUDGET_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one token is chosen from logits (talker codebook 0, or the code predictor).
 
-    Semantics follow Hugging Face ``generate`` (see :mod:`qtts.engine.sampling` and docs/text.md).
+    Semantics follow Hugging Face ``generate`` (see :mod:`qtts.engine.generate` and docs/text.md).
     """
 
     # False = greedy argmax (still after repetition penalty / suppression, like HF).
@@ -130,7 +137,7 @@ class SynthesisOptions:
     seed: int | None = None
     # Shortcut for do_sample=False on both stages (deterministic; what parity tests use).
     greedy: bool = False
-    # Frame budget per text piece; None = the documented formula in qtts.engine.generate (runaway guard).
+    # Frame budget per text piece; None = frame_budget's formula below (runaway guard).
     max_frames: int | None = None
     # Language name ('auto', 'english', ...); None = 'auto' unless the call passes one.
     language: str | None = None
@@ -194,3 +201,60 @@ class SynthesisOptions:
             talker = dataclasses.replace(talker, do_sample=False)
             predictor = dataclasses.replace(predictor, do_sample=False)
         return dataclasses.replace(self, talker=talker, predictor=predictor)
+
+
+@dataclass(frozen=True)
+class WatchdogParams:
+    """Runaway detector on the codebook-0 stream; ``None`` fields disable that check."""
+
+    #: same code 0 this many frames in a row -> runaway (36 frames = 2.9 s of one code)
+    max_repeat: int | None = 36
+    #: a cycle of period 2..max_period repeated exactly over the last ``window`` frames -> runaway
+    window: int | None = 60
+    max_period: int = 8
+
+
+@dataclass(frozen=True)
+class LoopParams:
+    """Everything the loop needs besides the backend and the prompt (build it with :meth:`for_config`)."""
+
+    #: concrete :class:`SamplingParams` for codebook 0 (talker) and 1..15 (predictor)
+    talker: Any
+    predictor: Any
+    #: frame budget; the loop yields at most this many frames
+    max_frames: int
+    #: the talker token rules: <tts_pad> text id fed once the trailing text is exhausted; codec
+    #: EOS (codebook 0); ids >= suppress_from except EOS are never sampled; EOS is blocked for the
+    #: first ``min_frames`` code-0 samples (HF min_new_tokens=2)
+    tts_pad_id: int = 151671
+    eos_id: int = 2150
+    suppress_from: int = 2048
+    min_frames: int = 2
+    seed: int | None = None
+    watchdog: WatchdogParams | None = field(default_factory=WatchdogParams)
+    #: an object with ``is_set()`` (e.g. threading.Event); checked before every frame, so a
+    #: cancel from another thread stops the loop within one frame (finish_reason 'cancelled')
+    cancel: Any = field(default=None, compare=False)
+
+    @classmethod
+    def for_config(cls, config, talker, predictor, max_frames: int, **kw) -> LoopParams:
+        """The talker token rules of a checkpoint (its <tts_pad>, EOS and control-id range)."""
+        return cls(talker=talker, predictor=predictor, max_frames=int(max_frames),
+                   tts_pad_id=config.tts_pad_token_id, eos_id=config.talker.codec_eos_token_id,
+                   suppress_from=config.talker.vocab_size - 1024, **kw)  # fmt: skip
+
+
+def frame_budget(num_text_tokens: int, cap: int | None = None) -> int:
+    """Max frames for a text of ``num_text_tokens`` target tokens (``max_frames``' default; see BUDGET_BASE)."""
+    budget = BUDGET_BASE + BUDGET_PER_TOKEN * max(0, int(num_text_tokens))
+    return budget if cap is None else min(budget, int(cap))
+
+
+class AnyCancel:
+    """A ``cancel`` flag that is set when any of ``flags`` (objects with ``is_set()``, or None) is."""
+
+    def __init__(self, *flags):
+        self.flags = [f for f in flags if f is not None]
+
+    def is_set(self) -> bool:
+        return any(f.is_set() for f in self.flags)

@@ -167,7 +167,8 @@ def test_real_stream_equals_offline_decode(real_tts, icl):
     import torch
 
     from qtts.audio.chunk import snr_db
-    from qtts.engine.generate import LoopParams, generate
+    from qtts.engine.generate import generate
+    from qtts.options import LoopParams
     from qtts.text.prompt import build_prompt, resolve_mode
 
     parts = real_tts.components

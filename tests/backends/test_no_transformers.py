@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     names = [m.name for m in pkgutil.iter_modules(qtts.model.__path__)]
     for name in names:
         importlib.import_module("qtts.model." + name)
-    for optional in ("qtts.api", "qtts.engine.generate", "qtts.text.tokenizer", "qtts.text.prompt", "qtts.engine.sampling"):
+    for optional in ("qtts.api", "qtts.engine.generate", "qtts.text.tokenizer", "qtts.text.prompt"):
         if importlib.util.find_spec(optional) is not None:
             importlib.import_module(optional)
     from qtts.tools.random_checkpoint import write_random_checkpoint

@@ -49,8 +49,8 @@ def _backends(snapshot: str, bundle: str):
 
 def _greedy_codes(backend, frames: int, seed: int = 0) -> np.ndarray:
     """Greedy talker + predictor frames from a fixed random prompt through the real loop."""
-    from qtts.engine.generate import LoopParams, generate
-    from qtts.options import SamplingParams
+    from qtts.engine.generate import generate
+    from qtts.options import LoopParams, SamplingParams
 
     rng = np.random.default_rng(seed)
     prompt = type("P", (), {})()
@@ -90,12 +90,12 @@ def test_torch_and_onnx_fp32_greedy_codes_equal(fp32_bundle, snapshot):
 
 
 def test_fused_frame_sampling_matches_numpy_sampler(fp32_bundle, snapshot):
-    """The in-graph sampler of the fused ONNX predictor picks what qtts.engine.sampling picks for the same
+    """The in-graph sampler of the fused ONNX predictor picks what qtts.engine.generate picks for the same
     uniforms: the expected codes come from the torch predictor's logits, step by step, through
-    the loop's sampler (``PredictorSampler.frame``, qtts.engine.sampling), not from a backend."""
+    the loop's sampler (``PredictorSampler.frame``, qtts.engine.generate), not from a backend."""
     import torch
 
-    from qtts.engine.sampling import PredictorSampler
+    from qtts.engine.generate import PredictorSampler
     from qtts.options import SamplingParams
     from qtts.weights import load_checkpoint
 

@@ -25,7 +25,7 @@ from qtts.backends.qnn import (
     torch_tables,
 )
 from qtts.backends.torch import TorchBackend
-from qtts.engine.sampling import PredictorSampler
+from qtts.engine.generate import PredictorSampler
 from qtts.errors import InputError, QttsError
 from qtts.options import SamplingParams
 from qtts.plans.plan import load_plan

@@ -103,7 +103,8 @@ def test_onnx_fp32_rows_are_bitwise_those_of_one_stream(onnx_parts):
 
 
 def _step_side_by_side(single, batched, reqs, one, many) -> None:
-    from qtts.engine.generate import advance, advance_rows, next_code0, predict, predict_rows
+    from qtts.engine.batching import advance_rows, predict_rows
+    from qtts.engine.generate import advance, next_code0, predict
 
     for step in range(8):
         picks = [next_code0(s, r.params) for s, r in zip(one, reqs)]

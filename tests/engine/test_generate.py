@@ -7,17 +7,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from qtts.engine.generate import (
+from qtts.engine.generate import Watchdog, generate, pick_code0
+from qtts.options import (
     BUDGET_BASE,
     BUDGET_PER_TOKEN,
     LoopParams,
-    Watchdog,
+    SamplingParams,
     WatchdogParams,
     frame_budget,
-    generate,
-    pick_code0,
 )
-from qtts.options import SamplingParams
 from support.fakes import EOS, FakeBackend, simple_prompt
 
 GREEDY = SamplingParams(do_sample=False, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)

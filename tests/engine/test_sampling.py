@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from qtts.config import GenerationConfig
-from qtts.engine import sampling
+from qtts.engine import generate
 from qtts.errors import InputError
 from qtts.options import SamplingParams, SynthesisOptions
 
 EOS = 2150
-RULES = sampling.talker_rules()
+RULES = generate.talker_rules()
 
 
 TALKER_CALL = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1)
@@ -96,10 +96,10 @@ def test_official_generate_builds_what_we_apply(official_builds):
         logits = (rng.standard_normal(3072) * 3).astype(np.float32)
         logits[EOS] = logits.max() + 1.0  # EOS on top: blocked at steps 0 and 1 only
         want = apply(official_builds["talker"][2], logits, history)
-        np.testing.assert_array_equal(sampling.process_logits(logits, talker, history, RULES), want)
+        np.testing.assert_array_equal(generate.process_logits(logits, talker, history, RULES), want)
         logits = (rng.standard_normal(2048) * 3).astype(np.float32)
         want = apply(official_builds["predictor"][2], logits, history)
-        np.testing.assert_array_equal(sampling.process_logits(logits, predictor, history), want)
+        np.testing.assert_array_equal(generate.process_logits(logits, predictor, history), want)
 
 
 GRID = list(itertools.product(
@@ -127,16 +127,16 @@ def test_equals_official_processors_on_a_grid(talker, official_builds):
         rules = RULES if talker else None
         for p_ in (params, dataclasses.replace(params, do_sample=False)):
             want = apply(official_processors(build, p_), logits, history)
-            ours = sampling.process_logits(logits, p_, history, rules)
+            ours = generate.process_logits(logits, p_, history, rules)
             np.testing.assert_array_equal(ours, want, err_msg=f"{p_} history={history}")
             if not p_.do_sample:
-                assert sampling.choose(ours, False) == int(np.argmax(want))
+                assert generate.choose(ours, False) == int(np.argmax(want))
 
 
 def test_penalty_semantics_and_input_untouched():
     logits = np.array([2.0, -2.0, 1.0, 0.0], dtype=np.float32)
     before = logits.copy()
-    out = sampling.process_logits(logits, SamplingParams(False, 1.0, 0, 1.0, 2.0), [0, 0, 0, 1, 3])
+    out = generate.process_logits(logits, SamplingParams(False, 1.0, 0, 1.0, 2.0), [0, 0, 0, 1, 3])
     np.testing.assert_array_equal(out, [1.0, -4.0, 1.0, 0.0])  # each id once; 0 stays 0
     np.testing.assert_array_equal(logits, before)
 
@@ -148,28 +148,28 @@ def test_talker_rules_block_eos_and_control_ids():
     logits[EOS] = 100.0
     logits[3000] = 200.0
     greedy = SamplingParams(False, 1.0, 0, 1.0, 1.0)
-    assert sampling.sample(logits, greedy, 0.5, [], RULES) != EOS  # min_new_tokens: step 0
-    assert sampling.sample(logits, greedy, 0.5, [7], RULES) != EOS  # step 1
-    assert sampling.sample(logits, greedy, 0.5, [7, 8], RULES) == EOS  # step 2: allowed
+    assert generate.sample(logits, greedy, 0.5, [], RULES) != EOS  # min_new_tokens: step 0
+    assert generate.sample(logits, greedy, 0.5, [7], RULES) != EOS  # step 1
+    assert generate.sample(logits, greedy, 0.5, [7, 8], RULES) == EOS  # step 2: allowed
     rng = np.random.default_rng(0)
     warm = SamplingParams(True, 1.0, 0, 1.0, 1.0)
-    picks = {sampling.sample(logits, warm, rng, [1], RULES) for _ in range(500)}
+    picks = {generate.sample(logits, warm, rng, [1], RULES) for _ in range(500)}
     assert picks and max(picks) < 2048  # never a suppressed id, never EOS while blocked
 
 
 def test_top_k_keeps_ties_and_top_p_keeps_one():
-    s = sampling.top_k_filter(np.array([3, 1, 3, 2, 3], np.float32), 2)
+    s = generate.top_k_filter(np.array([3, 1, 3, 2, 3], np.float32), 2)
     np.testing.assert_array_equal(np.isfinite(s), [True, False, True, False, True])
-    s = sampling.top_p_filter(np.array([10, 0, 0], np.float32), 0.01)
+    s = generate.top_p_filter(np.array([10, 0, 0], np.float32), 0.01)
     np.testing.assert_array_equal(np.isfinite(s), [True, False, False])
 
 
 def test_choose_inverse_cdf_edges():
     scores = np.array([-np.inf, 0.0, -np.inf, 0.0, -np.inf], np.float32)
-    assert sampling.choose(scores, True, 0.0) == 1
-    assert sampling.choose(scores, True, 0.49) == 1
-    assert sampling.choose(scores, True, 0.51) == 3
-    assert sampling.choose(scores, True, np.nextafter(1.0, 0.0)) == 3
+    assert generate.choose(scores, True, 0.0) == 1
+    assert generate.choose(scores, True, 0.49) == 1
+    assert generate.choose(scores, True, 0.51) == 3
+    assert generate.choose(scores, True, np.nextafter(1.0, 0.0)) == 3
 
 
 @pytest.mark.parametrize("temp,k,p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)])
@@ -179,9 +179,9 @@ def test_sampled_frequencies_match_probabilities(temp, k, p):
     logits = np.random.default_rng(1234).standard_normal(16).astype(np.float32) * 1.5
     rng = np.random.default_rng(7)  # fixed: the p-value bound below is checked for this seed
     params = SamplingParams(True, temp, k, p, 1.0)
-    probs = sampling.softmax(sampling.process_logits(logits, params))
+    probs = generate.softmax(generate.process_logits(logits, params))
     n = 20000
-    counts = np.bincount([sampling.sample(logits, params, rng) for _ in range(n)], minlength=16)
+    counts = np.bincount([generate.sample(logits, params, rng) for _ in range(n)], minlength=16)
     live = probs > 0
     assert counts[~live].sum() == 0  # filtered ids are never drawn
     expected = probs[live].astype(np.float64)
@@ -195,7 +195,7 @@ def test_seeded_sampling_is_reproducible():
 
     def run(seed):
         rng = np.random.default_rng(seed)
-        return [sampling.sample(logits, params, rng) for _ in range(50)]
+        return [generate.sample(logits, params, rng) for _ in range(50)]
 
     assert run(3) == run(3) and run(3) != run(4)
 

@@ -15,8 +15,8 @@ import dataclasses
 
 import numpy as np
 
-from qtts.engine.generate import LoopParams, WatchdogParams, generate
-from qtts.options import SamplingParams
+from qtts.engine.generate import generate
+from qtts.options import LoopParams, SamplingParams, WatchdogParams
 from support.fakes import FakeBackend, simple_prompt
 
 GREEDY = SamplingParams(do_sample=False, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)

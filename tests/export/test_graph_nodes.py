@@ -113,7 +113,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 def test_rewritten_graphs_match_torch(snapshot, bundle):
     """Talker prefill + steps and a teacher-forced predictor frame: logits and hidden states of the
     fp32 ONNX graphs against the torch reference, codes identical."""
-    from qtts.engine.sampling import PredictorSampler
+    from qtts.engine.generate import PredictorSampler
     from qtts.options import SamplingParams
 
     ref, test = _backends(snapshot, bundle)

@@ -14,8 +14,8 @@ import torch
 
 from qtts.backends import Components
 from qtts.backends import open as open_components
-from qtts.engine.generate import LoopParams, generate
-from qtts.options import SynthesisOptions
+from qtts.engine.generate import generate
+from qtts.options import LoopParams, SynthesisOptions
 from qtts.text.prompt import build_prompt, resolve_mode
 from qtts.voice import Voice
 

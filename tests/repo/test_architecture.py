@@ -279,19 +279,22 @@ print(json.dumps(sorted(f for f in seen if not f.startswith("model/"))))
 
 #: the files outside model/ one ``load`` + ``stream`` may execute on the default path: no plan named, the
 #: checkpoint's ``fast`` ONNX plan and the kernel library already in the cache (what every load after the
-#: first runs). 16 before the bundle's embedding tables joined the plan file (reading) and the bundle
-#: writer (writing): backends/tables.py into plans/plan.py and export/write.py; 18 before the bundle's
+#: first runs). 15 before the loop's sampling joined the loop (engine/sampling.py into engine/generate.py;
+#: the batched phases to engine/batching.py, the loop's parameters to options.py); 16 before the bundle's
+#: embedding tables joined the plan file (reading) and the bundle writer (writing): backends/tables.py into
+#: plans/plan.py and export/write.py; 18 before the bundle's
 #: manifest and fingerprint joined the plan file (plans/bundle.py into plans/plan.py) and the 2 MB page
 #: advice joined the place that builds the parts (backends/pages.py into backends/__init__.py); 20 before
 #: the onnx runtime imported onnxruntime at its top (errors.py's ``require`` per session) and a cached
 #: kernel library was only looked up (kernels/build.py joined kernels/__init__.py)
-MAX_REQUEST_FILES = 15
+MAX_REQUEST_FILES = 14
 #: the same request on the torch fp32 reference (``QTTS_PLAN=torch``, as in every other test): 19 before the
 #: torch plan skipped the plan cache, the vocoder stopped re-checking the engine's frames, the loader moved
 #: to model/, the predictor's step loop to the loop's sampler, the package imported its public names, the
 #: torch runtime imported torch at its top and a one-piece text skipped the sentence splitter; 12, then 13
-#: when the synthesis body moved out of api.py into engine/synth.py (issue 37)
-MAX_TORCH_REQUEST_FILES = 13
+#: when the synthesis body moved out of api.py into engine/synth.py (issue 37), 12 again when the loop's
+#: sampling joined the loop (engine/sampling.py into engine/generate.py)
+MAX_TORCH_REQUEST_FILES = 12
 
 
 def _trace(snapshot: str, **env: str) -> list[str]:

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from qtts.backends import open as open_parts
-from qtts.engine.generate import advance_rows, next_code0, predict_rows, prefill, release
+from qtts.engine.batching import advance_rows, predict_rows
+from qtts.engine.generate import next_code0, prefill, release
 from qtts.plans.cache import PRESETS
 from support.batch_util import TEXTS, request, run_batch, voices
 

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from qtts.engine.batching import BatchLoop
-from qtts.engine.generate import LoopParams, generate
-from qtts.options import SynthesisOptions
+from qtts.engine.generate import generate
+from qtts.options import LoopParams, SynthesisOptions
 from qtts.text.prompt import build_prompt, resolve_mode
 from qtts.voice import Voice
 

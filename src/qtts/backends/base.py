@@ -16,7 +16,7 @@ function ``open_part(spec, ctx) -> part`` (``generation`` gets the talker and pr
   - ``talker(embeds [T, H], pos, state) -> (logits [3072], hidden [H], state)`` of the last position;
   - ``predict_frame(hidden [H], code0, sampler, uniforms [15]) -> codes [15]``: the predictor's 15
     steps of one frame (codebooks 1..15), sampled by the loop's ``sampler``
-    (:class:`qtts.engine.sampling.PredictorSampler`: ``pick(logits, u)``, or its ``params`` for a
+    (:class:`qtts.engine.generate.PredictorSampler`: ``pick(logits, u)``, or its ``params`` for a
     graph that samples in-graph); ``uniforms`` keep a fused graph on the loop's seeded random
     stream; a step-by-step backend hands its step function to ``sampler.frame``).
   - :class:`BatchBackend` adds ``talker_rows``, ``predict_frames`` and ``release`` for many streams.

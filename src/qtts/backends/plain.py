@@ -49,7 +49,7 @@ class PlainPredictor:
 
     def frame_logits(self, hidden: np.ndarray) -> Callable[[int, int], np.ndarray]:
         """A ``step_logits(j, code)`` callable for the loop's ``sampler.frame``
-        (:meth:`qtts.engine.sampling.PredictorSampler.frame`)."""
+        (:meth:`qtts.engine.generate.PredictorSampler.frame`)."""
         kv = np.zeros(self.kv_shape, np.float32)
         _, kv = self.step(hidden, 0, 0, kv)  # the talker hidden state at slot 0 (its logits unused)
 

@@ -3,8 +3,9 @@
 :class:`BatchLoop` is the synchronous core (tests drive it step by step); :class:`BatchEngine`
 runs it on one thread and hands each caller a :class:`BatchStream` (iterate it for frames, like a
 :class:`~qtts.engine.generate.Generation`). Per-stream logic stays in :mod:`qtts.engine.generate`'s phase
-functions over each stream's :class:`~qtts.engine.generate.StreamState`; this module only decides who
-takes part in each step. One step:
+functions over each stream's :class:`~qtts.engine.generate.StreamState`; :func:`predict_rows` /
+:func:`advance_rows` are its ``predict`` / ``advance`` for a list of streams, one batched backend call
+each. This module only decides who takes part in each step. One step:
 
 1. admit at most one waiting stream: its prefill runs alone (batch 1), so a joining stream
    stalls the others for one prefill at most;
@@ -31,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .generate import advance_rows, next_code0, predict_rows, prefill, ready, release, stop_reason
+from ..backends.base import BatchBackend
+from .generate import PredictorSampler, advance, next_code0, prefill, ready, release, stop_reason, text_vector
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,37 @@ class StepStats:
     active: int  # streams held after the step
     waiting: int  # streams waiting to be admitted
     intervals: tuple = ()  # per produced frame: seconds since that stream's previous frame (or its admission)
+
+
+# -- the batched phases --------------------------------------------------------------------------
+def predict_rows(backend, states: list, code0s: list, lps: list, uniforms: list) -> list:
+    """:func:`~qtts.engine.generate.predict` for several streams in one batched predictor frame
+    (``backend.predict_frames``; a backend without it runs ``predict_frame`` per stream)."""
+    for state, code0 in zip(states, code0s):
+        state.history.append(int(code0))
+    hidden = np.stack([s.hidden for s in states]).astype(np.float32)
+    code0 = np.asarray(code0s, dtype=np.int64)
+    samplers = [PredictorSampler(lp.predictor) for lp in lps]
+    if isinstance(backend, BatchBackend):
+        rest = backend.predict_frames(hidden, code0, samplers, np.stack(uniforms))
+    else:
+        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, samplers, uniforms)]
+    return [np.concatenate([[c], np.asarray(r, dtype=np.int64)]).astype(np.int64) for c, r in zip(code0, rest)]
+
+
+def advance_rows(backend, states: list, frames: list) -> None:
+    """:func:`~qtts.engine.generate.advance` for several streams: one batched talker step, each stream at its
+    own position with its own KV state (``backend.talker_rows``; a backend without it steps them one by one)."""
+    if not isinstance(backend, BatchBackend):
+        for state, codes in zip(states, frames):
+            advance(backend, state, codes)
+        return
+    x = backend.frame_embeds(np.stack(frames)) + np.stack([text_vector(s) for s in states])
+    logits, hidden, kvs = backend.talker_rows(x.astype(np.float32), [s.pos for s in states], [s.kv for s in states])
+    for i, state in enumerate(states):
+        state.logits, state.hidden, state.kv = logits[i], hidden[i], kvs[i]
+        state.pos += 1
+
 
 
 class _Row:

@@ -1,86 +1,48 @@
-"""The generation loop: prompt -> codec frames (numpy, backend-agnostic).
+"""The generation loop: prompt -> codec frames (numpy, backend-agnostic), and the sampling it uses.
 
-One loop of small phase functions, like gpt-fast's ``generate.py``:
-
-1. :func:`embed_prompt` turns a :class:`~qtts.text.prompt.Prompt` into talker input vectors;
-2. prefill: one ``backend.talker`` call over the whole prompt -> logits and hidden of the last position;
-3. per frame ``s``: :func:`pick_code0` (repetition penalty over generated code-0 ids, EOS blocked
-   for the first two frames, control ids 2048..3071 except EOS suppressed, then sampling);
-   ``backend.predict_frame`` -> codebooks 1..15; the frame is yielded; the next talker input is
-   the sum of the 16 codebook embeddings plus ``trailing_text[s]`` (``tts_pad`` once the text
-   is exhausted); one ``backend.talker`` step.
-
-Everything one generation carries between frames is in a :class:`StreamState`, and each phase is
-a function over it (:func:`prefill`, :func:`next_code0`, :func:`stop_reason`, :func:`predict`,
-:func:`advance`), so a scheduler can step several streams itself; :class:`Generation` is the
-one-stream loop over them. :func:`predict_rows` / :func:`advance_rows` are the same phases for a
-list of streams (one batched backend call each), :func:`ready` says whether a stream can take its
-next talker step, :func:`release` returns its KV state; :mod:`qtts.engine.batching` drives them.
+One loop of small phase functions, like gpt-fast's ``generate.py``. Everything one generation
+carries between frames is in a :class:`StreamState`, and each phase is a function over it:
+:func:`prefill` (:func:`embed_prompt`, then one ``backend.talker`` call over the whole prompt), then
+per frame :func:`next_code0` (:func:`pick_code0` on the talker logits), :func:`stop_reason`,
+:func:`predict` (``backend.predict_frame``: codebooks 1..15) and :func:`advance` (the frame's 16
+codebook embeddings plus its text vector: one ``backend.talker`` step). :class:`Generation` is the
+one-stream loop over them, :mod:`qtts.engine.batching` steps several streams with them, and
+:func:`release` returns a stream's KV state.
 
 Live text (``TTS.stream_text``): ``StreamState.text`` may hold a text source (a
-:class:`qtts.text.live.LiveContext`) instead of the fixed trailing vectors. Its next vector may not exist
-yet: :func:`ready` says (non-blocking) whether :func:`advance` can run now, :func:`wait_ready`
-blocks until it can (the one-stream loop calls it), and :func:`frame_limit` is the frame budget,
-which grows with the text until the text is complete. A scheduler that steps several streams
-calls :func:`ready` before :func:`advance` and leaves a stream that is not ready for a later round
-(advancing it raises); streams without live text are always ready.
+:class:`qtts.text.live.LiveContext`) instead of the fixed trailing vectors. Its next vector may not
+exist yet: :func:`ready` says so without blocking, :func:`wait_ready` blocks (the one-stream loop),
+and :func:`frame_limit` grows with the text. A scheduler leaves a stream that is not ready for a
+later round (advancing it raises); streams without live text are always ready.
 
 It stops on EOS (the EOS frame is dropped), on the frame budget (``length``), or when the
 :class:`Watchdog` sees stuck codes (``runaway``). It can never loop forever: every iteration
 either yields a frame that counts against ``max_frames`` or returns.
 
-Randomness: one ``numpy.random.Generator`` seeded per generation; every frame draws 16
-uniforms (one for code 0, fifteen for the predictor), sampled or not, so a seed gives the same
-codes on every backend that computes the same probabilities (sampling is inverse-CDF).
+Sampling is one implementation for talker and predictor, in the order Hugging Face ``generate``
+applies as the official code configures it: repetition penalty -> min-new-tokens EOS block ->
+suppressed ids -> temperature -> top-k -> top-p -> softmax -> draw, on float32 copies (greedy skips
+the warpers and takes the argmax). Every frame draws 16 uniforms from the generation's seeded
+``numpy.random.Generator`` (code 0, then the predictor's fifteen), sampled or not, and a draw is
+inverse-CDF over ids in index order: a seed gives the same codes on every backend that computes the
+same probabilities.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..backends.base import BatchBackend
-from ..config import NUM_CODEBOOKS
-from . import sampling
+from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
+from ..options import LoopParams, WatchdogParams
 
 log = logging.getLogger(__name__)
-
-#: frame budget = BUDGET_BASE + BUDGET_PER_TOKEN * text tokens (12.5 frames per second of audio):
-#: 40 frames = 3.2 s of slack, 8 frames = 0.64 s per text token (a spelled-out digit is one token
-#: and one word; normal speech needs 2-4 frames per token).
-BUDGET_BASE = 40
-BUDGET_PER_TOKEN = 8
-
-
-def frame_budget(num_text_tokens: int, cap: int | None = None) -> int:
-    """Max frames for a text of ``num_text_tokens`` target tokens (see the module constants)."""
-    budget = BUDGET_BASE + BUDGET_PER_TOKEN * max(0, int(num_text_tokens))
-    return budget if cap is None else min(budget, int(cap))
-
-
-class AnyCancel:
-    """A cancel flag that is set when any of ``flags`` (objects with ``is_set()``, or None) is."""
-
-    def __init__(self, *flags):
-        self.flags = [f for f in flags if f is not None]
-
-    def is_set(self) -> bool:
-        return any(f.is_set() for f in self.flags)
-
-
-@dataclass(frozen=True)
-class WatchdogParams:
-    """Runaway detector on the codebook-0 stream; ``None`` fields disable that check."""
-
-    #: same code 0 this many frames in a row -> runaway (36 frames = 2.9 s of one code)
-    max_repeat: int | None = 36
-    #: a cycle of period 2..max_period repeated exactly over the last ``window`` frames -> runaway
-    window: int | None = 60
-    max_period: int = 8
 
 
 class Watchdog:
@@ -106,45 +68,150 @@ class Watchdog:
         return False
 
 
+# ----------------------------------------------------------------------------- sampling
 @dataclass(frozen=True)
-class LoopParams:
-    """Everything the loop needs besides the backend and the prompt (build it with :meth:`for_config`)."""
+class TokenRules:
+    """Model rules on top of sampling params (talker: EOS block and suppressed control ids)."""
 
-    #: concrete :class:`~qtts.options.SamplingParams` for codebook 0 (talker) and 1..15 (predictor)
-    talker: Any
-    predictor: Any
-    #: frame budget; the loop yields at most this many frames
-    max_frames: int
-    #: the talker token rules: <tts_pad> text id fed once the trailing text is exhausted; codec
-    #: EOS (codebook 0); ids >= suppress_from except EOS are never sampled; EOS is blocked for the
-    #: first ``min_frames`` code-0 samples (HF min_new_tokens=2)
-    tts_pad_id: int = 151671
-    eos_id: int = 2150
-    suppress_from: int = 2048
-    min_frames: int = 2
-    seed: int | None = None
-    watchdog: WatchdogParams | None = field(default_factory=WatchdogParams)
-    #: an object with ``is_set()`` (e.g. threading.Event); checked before every frame, so a
-    #: cancel from another thread stops the loop within one frame (finish_reason 'cancelled')
-    cancel: Any = field(default=None, compare=False)
+    suppress_ids: tuple[int, ...] = ()
+    eos_id: int | None = None
+    # EOS is impossible while fewer than this many tokens were generated (HF min_new_tokens).
+    min_new_tokens: int = 0
 
-    @classmethod
-    def for_config(cls, config, talker, predictor, max_frames: int, **kw) -> LoopParams:
-        """The talker token rules of a checkpoint (its <tts_pad>, EOS and control-id range)."""
-        return cls(talker=talker, predictor=predictor, max_frames=int(max_frames),
-                   tts_pad_id=config.tts_pad_token_id, eos_id=config.talker.codec_eos_token_id,
-                   suppress_from=config.talker.vocab_size - 1024, **kw)  # fmt: skip
+
+@functools.lru_cache(maxsize=8)
+def talker_rules(vocab_size: int = 3072, eos_id: int = 2150, min_new_tokens: int = 2,
+                 suppress_from: int | None = None) -> TokenRules:  # fmt: skip
+    """Official talker rules: codec ids from ``suppress_from`` (default: the last 1024) except EOS are
+    suppressed; EOS is blocked while fewer than ``min_new_tokens`` frames were generated."""
+    start = vocab_size - 1024 if suppress_from is None else int(suppress_from)
+    ids = tuple(i for i in range(start, vocab_size) if i != eos_id)
+    return TokenRules(suppress_ids=ids, eos_id=eos_id, min_new_tokens=min_new_tokens)
+
+
+@dataclass(frozen=True)
+class PredictorSampler:
+    """How the loop samples the predictor's codes, handed to a backend's ``predict_frame(s)``.
+
+    A backend that computes the predictor step by step hands :meth:`frame` its step function (a
+    batched one calls :meth:`pick` per row); a fused graph that samples in-graph reads
+    :attr:`params` (temperature, top-k, top-p, do_sample). Either way the sampling rule is the
+    loop's: a backend never imports it. No penalty, no suppression (``repetition_penalty`` is 1).
+    """
+
+    params: Any
+
+    def pick(self, logits: np.ndarray, u: float) -> int:
+        return sample(logits, self.params, u)
+
+    def frame(self, step_logits, code0: int, uniforms: np.ndarray) -> np.ndarray:
+        """The 15 predictor codes of one frame (codebooks 1..15) from a backend's ``step_logits(j, code)``:
+        ``step_logits(0, code0)`` runs the 2-vector prefill (hidden, code0) and returns the logits of
+        ``lm_head[0]`` as numpy ``[2048]``; ``step_logits(j, code_j)`` for j >= 1 feeds codebook ``j``'s
+        code at position ``j + 1`` and returns the logits of ``lm_head[j]``. One uniform per step."""
+        codes = np.zeros(PREDICTOR_STEPS, dtype=np.int64)
+        code = int(code0)
+        for j in range(PREDICTOR_STEPS):
+            code = self.pick(step_logits(j, code), float(uniforms[j]))
+            codes[j] = code
+        return codes
+
+
+def repetition_penalty(scores: np.ndarray, history: Iterable[int], penalty: float) -> np.ndarray:
+    """HF RepetitionPenaltyLogitsProcessor: each seen id once; > 0 divided, < 0 multiplied."""
+    ids = np.unique(np.fromiter(history, dtype=np.int64))
+    if penalty == 1.0 or ids.size == 0:
+        return scores
+    s = scores[ids]
+    scores[ids] = np.where(s < 0, s * np.float32(penalty), s / np.float32(penalty))
+    return scores
+
+
+def top_k_filter(scores: np.ndarray, k: int) -> np.ndarray:
+    """HF TopKLogitsWarper: keep ids whose score is >= the k-th largest (ties kept)."""
+    k = min(max(int(k), 1), scores.shape[-1])
+    kth = np.partition(scores, -k)[-k]
+    scores[scores < kth] = -np.inf
+    return scores
+
+
+def top_p_filter(scores: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """HF TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - p.
+
+    Exactly tied scores are ordered by id (stable sort); HF inherits torch's unstable sort
+    there, so only exact ties at the cut can differ.
+    """
+    order = np.argsort(scores, kind="stable")  # ascending, as HF sorts
+    cum = np.cumsum(softmax(scores[order]))
+    remove = cum <= np.float32(1.0 - p)
+    remove[-min_tokens_to_keep:] = False
+    scores[order[remove]] = -np.inf
+    return scores
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Float32 softmax that tolerates -inf entries (at least one finite entry needed)."""
+    x = scores.astype(np.float32) - np.max(scores)
+    e = np.exp(x)
+    return e / e.sum(dtype=np.float32)
+
+
+def process_logits(logits, params, history: Iterable[int] = (), rules: TokenRules | None = None) -> np.ndarray:
+    """Processed float32 scores for ``logits`` [V]; ``params`` is a concrete SamplingParams.
+
+    ``history`` is the ids generated so far in this stream (its length counts for min_new_tokens).
+    """
+    scores = np.array(logits, dtype=np.float32, copy=True).reshape(-1)
+    history = list(history)
+    if params.repetition_penalty is not None:
+        scores = repetition_penalty(scores, history, float(params.repetition_penalty))
+    if rules is not None:
+        if rules.eos_id is not None and len(history) < rules.min_new_tokens:
+            scores[rules.eos_id] = -np.inf
+        if rules.suppress_ids:
+            scores[np.asarray(rules.suppress_ids, dtype=np.int64)] = -np.inf
+    if not params.do_sample:
+        return scores
+    if params.temperature is not None and params.temperature != 1.0:
+        scores = scores / np.float32(params.temperature)
+    if params.top_k:
+        scores = top_k_filter(scores, params.top_k)
+    if params.top_p is not None and params.top_p < 1.0:
+        scores = top_p_filter(scores, params.top_p)
+    return scores
+
+
+def choose(scores: np.ndarray, do_sample: bool, u: float | None = None) -> int:
+    """Argmax (greedy) or the id whose probability interval (in id order) contains ``u``."""
+    if not do_sample:
+        return int(np.argmax(scores))
+    cdf = np.cumsum(softmax(scores), dtype=np.float64)
+    idx = int(np.searchsorted(cdf, float(u) * cdf[-1], side="right"))
+    idx = min(idx, len(cdf) - 1)
+    while not np.isfinite(scores[idx]):  # u on a zero-width interval edge: step back to a live id
+        idx -= 1
+    return idx
+
+
+def sample(logits, params, rng: np.random.Generator | float, history: Iterable[int] = (),
+           rules: TokenRules | None = None) -> int:
+    """Process ``logits`` and choose one id; ``rng`` is a Generator or one uniform in [0, 1)."""
+    scores = process_logits(logits, params, history, rules)
+    u = None
+    if params.do_sample:
+        u = rng.random() if isinstance(rng, np.random.Generator) else float(rng)
+    return choose(scores, params.do_sample, u)
 
 
 def pick_code0(logits: np.ndarray, history: list[int], step: int, lp: LoopParams, u: float) -> int:
-    """Codebook 0 from talker logits, in the official processor order (see :mod:`qtts.engine.sampling`).
+    """Codebook 0 from talker logits, in the official processor order (:func:`process_logits`).
 
     ``history`` is the code-0 ids generated so far (``step == len(history)``): repetition
     penalty over them, EOS blocked while ``step < min_frames``, ids ``suppress_from..`` except
     EOS suppressed, then temperature/top-k/top-p and an inverse-CDF draw with ``u``.
     """
-    rules = sampling.talker_rules(len(logits), lp.eos_id, lp.min_frames, suppress_from=lp.suppress_from)
-    return sampling.sample(logits, lp.talker, u, history, rules)
+    rules = talker_rules(len(logits), lp.eos_id, lp.min_frames, suppress_from=lp.suppress_from)
+    return sample(logits, lp.talker, u, history, rules)
 
 
 def embed_prompt(backend, prompt, speaker: np.ndarray | None = None) -> np.ndarray:
@@ -243,7 +310,7 @@ def stop_reason(state: StreamState, code0: int, lp: LoopParams) -> str | None:
 def predict(backend, state: StreamState, code0: int, lp: LoopParams, uniforms: np.ndarray) -> np.ndarray:
     """The whole frame: code 0 + the predictor's codebooks 1..15 -> int64 [16]."""
     state.history.append(int(code0))
-    rest = backend.predict_frame(state.hidden, code0, sampling.PredictorSampler(lp.predictor), uniforms)
+    rest = backend.predict_frame(state.hidden, code0, PredictorSampler(lp.predictor), uniforms)
     return np.concatenate([[code0], np.asarray(rest, dtype=np.int64)]).astype(np.int64)
 
 
@@ -260,36 +327,6 @@ def advance(backend, state: StreamState, codes: np.ndarray) -> None:
     x = backend.frame_embeds(codes[None, :])[0] + text_vector(state)
     state.logits, state.hidden, state.kv = backend.talker(x[None, :].astype(np.float32), state.pos, state.kv)
     state.pos += 1
-
-
-# ----------------------------------------------------------------------------- many streams
-def predict_rows(backend, states: list, code0s: list, lps: list, uniforms: list) -> list:
-    """:func:`predict` for several streams in one batched predictor frame (``backend.predict_frames``;
-    a backend without it runs ``predict_frame`` per stream)."""
-    for state, code0 in zip(states, code0s):
-        state.history.append(int(code0))
-    hidden = np.stack([s.hidden for s in states]).astype(np.float32)
-    code0 = np.asarray(code0s, dtype=np.int64)
-    samplers = [sampling.PredictorSampler(lp.predictor) for lp in lps]
-    if isinstance(backend, BatchBackend):
-        rest = backend.predict_frames(hidden, code0, samplers, np.stack(uniforms))
-    else:
-        rest = [backend.predict_frame(h, int(c), p, u) for h, c, p, u in zip(hidden, code0, samplers, uniforms)]
-    return [np.concatenate([[c], np.asarray(r, dtype=np.int64)]).astype(np.int64) for c, r in zip(code0, rest)]
-
-
-def advance_rows(backend, states: list, frames: list) -> None:
-    """:func:`advance` for several streams: one batched talker step, each stream at its own position
-    with its own KV state (``backend.talker_rows``; a backend without it steps them one by one)."""
-    if not isinstance(backend, BatchBackend):
-        for state, codes in zip(states, frames):
-            advance(backend, state, codes)
-        return
-    x = backend.frame_embeds(np.stack(frames)) + np.stack([text_vector(s) for s in states])
-    logits, hidden, kvs = backend.talker_rows(x.astype(np.float32), [s.pos for s in states], [s.kv for s in states])
-    for i, state in enumerate(states):
-        state.logits, state.hidden, state.kv = logits[i], hidden[i], kvs[i]
-        state.pos += 1
 
 
 def release(backend, state: StreamState | None) -> None:

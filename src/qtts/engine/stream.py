@@ -30,7 +30,7 @@ import numpy as np
 
 from ..audio.chunk import Audio, AudioChunk
 from ..config import FRAME_RATE, NUM_CODEBOOKS, SAMPLE_RATE
-from .generate import AnyCancel
+from ..options import AnyCancel
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def run_ahead(start: Callable[[Any], Iterator], cancel=None, depth: int = QUEUE_
               hold: tuple[int, threading.Event] | None = None) -> Iterator:  # fmt: skip
     """Iterate ``start(cancel_any)`` on a worker thread, at most ``depth`` items ahead of the caller.
 
-    ``start`` gets an :class:`~qtts.engine.generate.AnyCancel` of ``cancel`` and this pipeline's own stop event and must
+    ``start`` gets an :class:`~qtts.options.AnyCancel` of ``cancel`` and this pipeline's own stop event and must
     check it before each item (the generation loop does, before every frame). Items arrive in
     order; an exception in the worker is re-raised here after the items it produced; the end of
     the worker's iterator ends this one. Closing this iterator (or abandoning it) sets the stop

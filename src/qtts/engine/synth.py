@@ -24,9 +24,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..audio.chunk import AudioChunk
-from ..options import SynthesisOptions
+from ..options import AnyCancel, LoopParams, SynthesisOptions, WatchdogParams, frame_budget
 from ..text.prompt import build_prompt, clean_text, live_prompt, text_stream
-from .generate import AnyCancel, LoopParams, WatchdogParams, frame_budget, generate
+from .generate import generate
 from .stream import Chunker, PieceEnd, StreamStats, chunks, closing_frames, run_ahead
 
 

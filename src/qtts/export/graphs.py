@@ -183,7 +183,7 @@ class _TopK(torch.autograd.Function):
 
 
 def pick_in_graph(logits, u, temperature, top_k, top_p, do_sample):
-    """:func:`qtts.engine.sampling.sample` for one row of predictor logits, inside the graph.
+    """:func:`qtts.engine.generate.sample` for one row of predictor logits, inside the graph.
 
     Greedy: argmax of the raw logits. Sampling: temperature -> top-k (ties kept) -> top-p (HF:
     drop the low tail whose cumulative probability is <= 1 - p) -> softmax -> the id whose

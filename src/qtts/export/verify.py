@@ -33,7 +33,7 @@ import numpy as np
 
 from ..audio.chunk import snr_db
 from ..config import NUM_CODEBOOKS, PREDICTOR_STEPS
-from ..engine.sampling import PredictorSampler
+from ..engine.generate import PredictorSampler
 from .vocoder_bar import stream_decode
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ def reference_prompt(parts, text: str):
 
 
 def greedy_params(config, frames: int, **kw):
-    from ..engine.generate import LoopParams
-    from ..options import SamplingParams
+    from ..options import LoopParams, SamplingParams
 
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.05)
     return LoopParams.for_config(config, greedy, replace(greedy, repetition_penalty=1.0), frames, seed=0,

@@ -9,7 +9,7 @@ through a :class:`LiveContext`, one per talker context, which is the ``StreamSta
 not final yet makes the step wait (never ``tts_pad``, which tells the model the text is over).
 
 One context spans sentences. A context holds at most ``max_tokens`` body ids, the most whose
-frame budget (:func:`qtts.engine.generate.frame_budget`) fits its KV cache. Once it has taken
+frame budget (:func:`qtts.options.frame_budget`) fits its KV cache. Once it has taken
 ``max_tokens // 2`` ids, it ends at the next sentence end (``tts_eos`` goes in right after the
 sentence, as if the text ended there) and the text after it starts a new context, with the same
 voice, language and vocoder stream. With no sentence end before ``max_tokens`` it ends there.
@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from ..engine.generate import BUDGET_BASE, BUDGET_PER_TOKEN, AnyCancel, frame_budget
 from ..errors import InputError
+from ..options import BUDGET_BASE, BUDGET_PER_TOKEN, AnyCancel, frame_budget
 from .incremental import FinalTokens, hard_boundary
 from .sentences import sentence_end
 
@@ -289,7 +289,7 @@ def context_limits(cap: int, fixed_budget: int | None) -> tuple[int, callable]:
 
     With a fixed per-context budget (``SynthesisOptions.max_frames``) the budget is that number
     and a context holds at most ``cap`` ids (one per frame); otherwise the budget follows
-    :func:`qtts.engine.generate.frame_budget` and a context holds the ids whose budget fits ``cap``.
+    :func:`qtts.options.frame_budget` and a context holds the ids whose budget fits ``cap``.
     """
     if fixed_budget is not None:
         return max(1, int(cap)), lambda n: int(fixed_budget)

@@ -17,7 +17,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...audio.writers import open_stream
-from ...engine.generate import AnyCancel
 from ...engine.request import (
     FrameCap,
     SpeechFields,
@@ -28,7 +27,15 @@ from ...engine.request import (
     with_cancel,
 )
 from ...errors import InputError
-from ...options import MAX_PENALTY, MAX_SPEED, MAX_TEMPERATURE, MIN_PENALTY, MIN_SPEED, MIN_TEMPERATURE
+from ...options import (
+    MAX_PENALTY,
+    MAX_SPEED,
+    MAX_TEMPERATURE,
+    MIN_PENALTY,
+    MIN_SPEED,
+    MIN_TEMPERATURE,
+    AnyCancel,
+)
 from ...text.prompt import speakable
 from ..errors import ERROR_RESPONSES, ApiError, public_message
 from ..formats import MEDIA_TYPES

@@ -17,8 +17,8 @@ import threading
 import time
 import unicodedata
 
-from ...engine.generate import AnyCancel
 from ...engine.request import FrameCap, with_cancel
+from ...options import AnyCancel
 from ...text.sentences import sentence_end
 from ..errors import ApiError, public_message
 from ..jobs import engine_error
