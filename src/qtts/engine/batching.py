@@ -85,7 +85,6 @@ def advance_rows(backend, states: list, frames: list) -> None:
         state.pos += 1
 
 
-
 class _Row:
     """One stream inside the loop (the loop thread owns everything but ``closed``)."""
 
