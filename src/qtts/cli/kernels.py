@@ -9,7 +9,7 @@ from .common import command, group
 
 
 def register(sub) -> None:
-    k = group(sub, "kernels", "build or inspect the optional compiled kernels (fused vocoder SnakeBeta)")
+    k = group(sub, "kernels", "build or inspect the optional compiled kernels (vocoder SnakeBeta, predictor DecoderLayer)")
     b = command(k, "build", run_build, "compile the kernels with the system C compiler now (cached in $QTTS_CACHE)")
     b.add_argument("--force", action="store_true", help="rebuild even if a library or a failed build is cached")
     command(k, "status", run_status, "say whether the kernels are built, where, and which code path this CPU gets")
@@ -34,11 +34,13 @@ def run_status(args) -> int:
     folder = os.path.join(kernels.kernels_root(), kernels.build_key(kernels.compiler()))
     lib, failed = os.path.join(folder, kernels.library_name()), os.path.join(folder, kernels.FAILED)
     if os.path.isfile(lib):
-        print(f"built: {lib} (code path {kernels.isa(lib)})")
+        from ..kernels.layer import isa as layer_isa
+
+        print(f"built: {lib} (code path {kernels.isa(lib)}; DecoderLayer int8 path {layer_isa(lib)})")
     elif os.path.isfile(failed):
         with open(failed, encoding="utf-8") as fh:
             print(f"failed: {fh.read().strip()} ('qtts kernels build --force' retries)")
     else:
-        print("not built yet: the first ONNX vocoder builds it, or run 'qtts kernels build'")
+        print("not built yet: the first ONNX plan builds it, or run 'qtts kernels build'")
     print(f"{kernels.ENV}={'on' if kernels.enabled() else 'off (the plain graph runs)'}")
     return 0

@@ -3,9 +3,13 @@
 An onnxruntime custom op, ``qtts.kernels::SnakeBeta`` (``snake.c``: the vocoder's activation in
 one vectorised, multi-threaded pass instead of five, with onnxruntime's scalar ``Sin`` among them),
 and :func:`snake_rows` (``snake_rows.c``, through ctypes: the same activation on rows, rounded to
-bf16, for the torch runtime's bf16 vocoder step). Nothing needs it: the bundle's vocoder steps call SnakeBeta as a model-local
-ONNX function (:mod:`qtts.export.snake`) that onnxruntime inlines to the plain ops wherever the
-library is not registered. So:
+bf16, for the torch runtime's bf16 vocoder step). A second op, ``qtts.kernels::DecoderLayer``
+(``layer*.c``, :mod:`qtts.kernels.layer`), is one whole int8 decoder layer of the code predictor in
+one call, on the library's own threads (:func:`set_layer_threads`), instead of ~21 onnxruntime
+nodes with a thread-pool hand-off at each GEMV. Nothing needs it: the bundle's vocoder steps call
+SnakeBeta as a model-local ONNX function (:mod:`qtts.export.snake`; a predictor graph calls
+DecoderLayer the same way) that onnxruntime inlines to the plain ops wherever the library is not
+registered. So:
 
 * :func:`library` returns the library built for this source tree and compiler, found in
   ``$QTTS_CACHE/kernels/<key>/`` (default ``~/.cache/qtts``; :func:`build_key`: sources, flags,
@@ -136,6 +140,19 @@ def snake_rows(x, a, inv_b, isa: str | None = None, out=None):
     return out
 
 
+def set_layer_threads(n: int) -> int | None:
+    """Threads of the ``DecoderLayer`` op in this process, the calling thread included (default 2,
+    1 on a one-CPU machine; 1: no worker threads, e.g. when other work fills the other cores).
+    Workers are started on first use, spin ~50 us between the GEMVs of a layer, then sleep.
+    Returns the count in force, or None without a library."""
+    path = library()
+    if path is None:
+        return None
+    fn = ctypes.CDLL(path).qtts_layer_threads  # also qtts.kernels.layer.set_threads (tests, probes)
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    return int(fn(int(n)))
+
+
 def isa(path: str) -> str:
     """The code path the library picked on this CPU: avx512 | avx2 (x86-64), neon (arm64) | generic."""
     fn = ctypes.CDLL(path).qtts_kernels_isa
@@ -144,10 +161,14 @@ def isa(path: str) -> str:
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES, HEADERS = ("snake.c", "snake_rows.c"), ("ort_abi.h", "sin2.h")
+SOURCES = ("snake.c", "snake_rows.c", "layer.c", "layer_dot.c", "layer_pool.c", "layer_op.c")
+HEADERS = ("ort_abi.h", "sin2.h", "layer.h")
 #: -O3 vectorises the plain-C path for the baseline ISA; the AVX2 / AVX-512 paths carry their own
-#: target attributes and are picked at run time, so the library runs on any CPU of the architecture
-FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-Wall")
+#: target attributes and are picked at run time, so the library runs on any CPU of the architecture;
+#: -pthread: the DecoderLayer's worker threads
+FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-Wall", "-pthread")
+#: after the sources: libm, and libdl for dladdr / dlopen (DecoderLayer's workers pin the library)
+LIBS = ("-lm", "-ldl")
 COMPILERS = ("cc", "gcc", "clang")
 FAILED = "failed.txt"
 TIMEOUT_S = 300
@@ -195,7 +216,7 @@ def build_key(cc: list[str] | None) -> str:
         real = os.path.realpath(shutil.which(cc[0]) or cc[0])
         st = os.stat(real)
         h.update(repr((cc, real, st.st_size, st.st_mtime_ns)).encode())
-    h.update(repr((FLAGS, sys.platform, platform.machine())).encode())
+    h.update(repr((FLAGS, LIBS, sys.platform, platform.machine())).encode())
     return h.hexdigest()[:16] if cc else "no-compiler"
 
 
@@ -205,7 +226,7 @@ def _tail(text: str, lines: int = 6) -> str:
 
 def _compile(cc: list[str], out: str) -> str:
     """Compile into ``out``; '' on success, else the compiler's complaint."""
-    cmd = [*cc, *FLAGS, "-I", HERE, *(os.path.join(HERE, s) for s in SOURCES), "-o", out, "-lm"]
+    cmd = [*cc, *FLAGS, "-I", HERE, *(os.path.join(HERE, s) for s in SOURCES), "-o", out, *LIBS]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -25,7 +25,7 @@ typedef struct OrtKernelInfo OrtKernelInfo;
 typedef struct OrtCustomOp OrtCustomOp;
 
 enum { QTTS_ORT_FAIL = 1, QTTS_ORT_INVALID_ARGUMENT = 2 }; /* OrtErrorCode values */
-enum { QTTS_ORT_FLOAT = 1 };                               /* ONNXTensorElementDataType */
+enum { QTTS_ORT_FLOAT = 1, QTTS_ORT_UINT8 = 2, QTTS_ORT_INT32 = 6 }; /* ONNXTensorElementDataType */
 
 typedef OrtStatus *Status;
 #define SLOT(ret, name, args) ret (*name) args
@@ -100,5 +100,9 @@ struct OrtCustomOp {
   int (*GetEndVersion)(const OrtCustomOp *op);
   void *later[4]; /* MayInplace / AliasMap (versions 18+), unused */
 };
+
+/* The library's second op, qtts.kernels::DecoderLayer (layer_op.c): filled on first use with api,
+ * added to the domain by RegisterCustomOps (snake.c). */
+__attribute__((visibility("hidden"))) const OrtCustomOp *qtts_layer_custom_op(const QttsOrtApi *api);
 
 #endif

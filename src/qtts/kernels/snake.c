@@ -1,4 +1,5 @@
-/* qtts kernels: a fused SnakeBeta operator for onnxruntime (domain "qtts.kernels", op "SnakeBeta").
+/* qtts kernels: a fused SnakeBeta operator for onnxruntime (domain "qtts.kernels", op "SnakeBeta";
+ * the domain's second op, DecoderLayer, is layer*.c: RegisterCustomOps below adds both).
  *
  *   y = x + inv_b * sin(a * x)^2        x [..., C, T] float32; a, inv_b: C values ([1, C, 1])
  *
@@ -326,6 +327,7 @@ Status RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
     g_op.GetEndVersion = op_end;
     TRY(g_api->CreateCustomOpDomain("qtts.kernels", &g_domain));
     TRY(g_api->CustomOpDomain_Add(g_domain, &g_op));
+    TRY(g_api->CustomOpDomain_Add(g_domain, qtts_layer_custom_op(g_api)));
   }
   return g_api->AddCustomOpDomain(options, g_domain);
 }
