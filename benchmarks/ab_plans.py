@@ -9,6 +9,9 @@
         # the default against itself with QTTS_BF16_VOCODER=0 (the bundle's fp32 ONNX vocoder)
     .venv/bin/python benchmarks/ab_plans.py --model DIR --plan fast --pipelined --spin-us 0 5
         # onnxruntime's workers spinning at most 0 / 5 us between ops (QTTS_SPIN_US), one variant each
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --pipelined-only \
+        --plan OLD/plan.json@QTTS_BF16_VOCODER=0,QTTS_SPIN_US=0 --plan fast
+        # a plan opened under its own environment (here: an older bundle as that day's default ran it)
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
 generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
@@ -42,6 +45,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="talker / predictor (and serial vocoder) threads")
     ap.add_argument("--pipelined", action="store_true", help="serial vs the pipeline of TTS.stream (qtts.engine.stream)")
+    ap.add_argument("--pipelined-only", action="store_true", help="only the pipeline of TTS.stream (no serial runs)")
     ap.add_argument("--vocoder-threads", type=int, nargs="+", default=[None],
                     help="threads of the pipelined vocoder; several values: one pipelined variant each (default --threads)")
     ap.add_argument("--generation-threads", type=int, nargs="+", default=[None],
@@ -56,11 +60,15 @@ def main() -> None:
     if any(us is not None and us < 0 for us in args.spin_us):
         ap.error("--spin-us takes microseconds >= 0")
     serial = BenchOptions(threads=args.threads, pipeline=False)
+    args.pipelined = args.pipelined or args.pipelined_only
     variants = []
     switches = [None, "0"] if args.fp32_vocoder_too else [None]
-    for plan, switch, us in [(p, s, us) for p in args.plan for s in switches for us in args.spin_us]:
-        name = plan + (" [fp32 vocoder]" if switch else "") + (f" [spin {us} us]" if us is not None else "")
-        with _env(BF16_VOCODER_ENV, switch), _env(SPIN_ENV, None if us is None else str(us)):
+    for spec, switch, us in [(p, s, us) for p in args.plan for s in switches for us in args.spin_us]:
+        plan, env = _plan_env(spec)
+        name = spec + (" [fp32 vocoder]" if switch else "") + (f" [spin {us} us]" if us is not None else "")
+        with contextlib.ExitStack() as stack:
+            for key, value in {**env, BF16_VOCODER_ENV: switch, SPIN_ENV: None if us is None else str(us)}.items():
+                stack.enter_context(_env(key, value))
             variants += _plan_variants(args, name, plan, serial)
     for _name, parts, opts in variants:  # warm-up
         one_run(parts, 4, opts)
@@ -77,10 +85,19 @@ def main() -> None:
               f"TTFA ms {np.round(a[:, 4])} (median {np.median(a[:, 4]):.0f})  foreign cores {np.round(a[:, 5], 2)}")  # fmt: skip
 
 
+def _plan_env(spec: str) -> tuple[str, dict]:
+    """``PLAN@K=V,K2=V2`` -> (PLAN, {K: V, K2: V2}): the variables set while the plan is opened."""
+    plan, _, tail = spec.rpartition("@") if "=" in spec.rpartition("@")[2] else (spec, "", "")
+    pairs = [p.partition("=") for p in tail.split(",") if p]
+    if any(not k or not eq for k, eq, _v in pairs):
+        raise InputError(f"--plan {spec!r}: write the environment as PLAN@NAME=VALUE,NAME2=VALUE2")
+    return plan, {k: v for k, _eq, v in pairs}
+
+
 def _plan_variants(args, name: str, plan: str, serial: BenchOptions) -> list:
-    """(name, parts, options) of ``plan``: serial, and each pipelined thread split."""
+    """(name, parts, options) of ``plan``: serial (unless --pipelined-only), and each pipelined split."""
     parts = open_components(args.model, plan=plan, threads=args.threads)
-    out = [(name + " (serial)", parts, serial)]
+    out = [] if args.pipelined_only else [(name + " (serial)", parts, serial)]
     opened = {args.threads: parts}
     for gt, vt in _splits(args) if args.pipelined else []:
         for t in (gt, vt):

@@ -130,7 +130,8 @@ def test_c_prototypes_compile():
 #: scripts that finish in seconds on a tiny checkpoint (torch plan, a few frames): run for real, one
 #: process; each must exit 0 and print the line it exists for (MODEL is the checkpoint's folder)
 REAL_RUNS = {
-    "benchmarks/ab_plans.py": (["--plan", "torch", "--frames", "4", "--runs", "1"], "RTF ["),
+    "benchmarks/ab_plans.py": (["--plan", "torch@QTTS_SPIN_US=0", "--pipelined-only", "--frames", "4", "--runs", "1"],
+                               "(pipelined, generation threads"),
     "benchmarks/bench_live.py": (
         ["--plan", "torch", "--rounds", "1", "--rates", "50", "--slow", "0", "--max-frames", "4"],
         "time to first audio, live 50 tok/s",

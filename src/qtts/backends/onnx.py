@@ -82,8 +82,8 @@ class KVBinding:
         self.buffers = []
         for i in range(layers):
             for kind in ("key", "value"):
-                # uninitialized: GQA reads only slots < total_len, each written before it is read; zeroing
-                # 1024 slots of a 0.6B talker (235 MB) took 150 ms of time to first audio on a busy machine
+                # uninitialized: GQA reads only slots < total_len, each written before it is read (zeroing a
+                # 0.6B talker's 1024 slots, 235 MB, took 150 ms of time to first audio on a busy machine)
                 buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
                 self.io.bind_ortvalue_input(f"past_{kind}_{i}", buf)
                 self.buffers.append((f"present_{kind}_{i}", buf))
@@ -135,14 +135,13 @@ class OnnxBackend(Backend):
         self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
         self.talker_sess = open_session(artifacts["talker"], threads, spinning)
         self.predictor_mode = meta["predictor"]["mode"]
-        self.predictor_sess = open_session(artifacts["predictor"], threads, spinning)
+        path = artifacts["predictor"]  # a frame graph's decoder layers may be qtts.kernels ops (qtts.export.fuse)
+        self.predictor_sess = open_session(path, options=kernel_options(path, threads, None, True, spinning))
         self._pred_binding = None
 
     # -- embeddings (numpy tables + the text projection graph) ----------------------------------------
     def text_embeds(self, ids: np.ndarray) -> np.ndarray:
-        rows = np.ascontiguousarray(
-            self.text_table[np.asarray(ids, dtype=np.int64).reshape(-1)], dtype=np.float32
-        )
+        rows = np.ascontiguousarray(self.text_table[np.asarray(ids, dtype=np.int64).reshape(-1)], dtype=np.float32)
         if len(rows) == 0:
             return np.zeros((0, self.hidden_size), np.float32)
         return self.text_proj.run(None, {"rows": rows})[0]
@@ -293,14 +292,18 @@ class SharedWeights:
         return so
 
 
-def vocoder_options(path: str, threads: int | None, shared: SharedWeights | None = None):
-    """Session options of a vocoder step: the shared weights, and the compiled SnakeBeta kernel
-    when :mod:`qtts.kernels` has one (else the graph's ``qtts.kernels::SnakeBeta`` function nodes
-    are inlined to the plain ops: the same output as a plain export, bit for bit)."""
-    from ..kernels import register
+def kernel_options(path: str, threads: int | None, shared: SharedWeights | None = None, layers: bool = False,
+                   spinning: bool = False):  # fmt: skip
+    """Session options with the compiled kernels of :mod:`qtts.kernels` where it has them (a vocoder
+    step's SnakeBeta; with ``layers`` the predictor frame's DecoderLayer, on ``threads`` threads), else
+    the graph's ``qtts.kernels`` function nodes are inlined to the plain ops (a plain export's output,
+    bit for bit); for a vocoder step, its shared weights. Never unbounded spinning beside the layer op:
+    idle onnxruntime workers would hold the cores its threads need (predictor frame 37 -> 60 ms)."""
+    from ..kernels import register, set_layer_threads
 
-    so = shared.options(path, threads) if shared else session_options(threads)
-    register(so)
+    so = shared.options(path, threads) if shared else session_options(threads, spinning and not layers)
+    if register(so) and layers:
+        set_layer_threads(int(threads or DEFAULT_THREADS))
     return so
 
 
@@ -313,7 +316,7 @@ class OnnxVocoder(StepVocoder):
         paths = [main] + ([first] if first else []) + list(stacked)
         self.shared = None if session_factory else SharedWeights.find(paths)
         shared = self.shared
-        make = session_factory or (lambda path: open_session(path, options=vocoder_options(path, threads, shared)))
+        make = session_factory or (lambda path: open_session(path, options=kernel_options(path, threads, shared)))
         sessions = {p: make(p) for p in paths}
         contracts = {p: session_contract(s, p) for p, s in sessions.items()}
         self.contract = pair_contracts(contracts, main)

@@ -58,6 +58,9 @@ class ExportOptions:
     #: SnakeBeta as qtts.kernels function nodes (qtts.export.snake): the compiled kernel where it
     #: is registered, the same plain ops (inlined) everywhere else; False: the plain graph
     vocoder_kernels: bool = True
+    #: the int8 predictor frame's decoder layers as qtts.kernels::DecoderLayer function nodes
+    #: (qtts.export.fuse): the compiled layer where it is registered, the plain ops elsewhere
+    predictor_kernels: bool = True
     #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
     #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True
@@ -204,6 +207,10 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None, reci
         name = f"predictor.{mode}.{file_label(recipe, 'predictor', talker)}.onnx"
         plan["predictor"], io, q = _quantized(fn, talker, out, name, "predictor", recipe, opts)
         meta["predictor"] = _graph_meta(pcfg, io=io, quantization=q, mode=mode, max_len=PREDICTOR_SLOTS)
+        if mode == "frame" and opts.predictor_kernels:
+            from .fuse import OP, fuse_layers
+
+            meta["predictor"]["kernels"] = {f"qtts.kernels::{OP}": fuse_layers(os.path.join(out, name))}
     if opts.batch_graphs:
         _phase(progress, "batch graphs")
         _batch_graphs(talker, out, opts, plan, meta, recipe)
