@@ -33,6 +33,7 @@ import numpy as np
 from qtts.backends import open as open_components
 from qtts.backends.onnx import SPIN_ENV
 from qtts.errors import InputError, QttsError
+from qtts.kernels import LAYER_SPIN_ENV, set_layer_threads
 from qtts.plans.plan import BF16_VOCODER_ENV
 from qtts.tools.bench import BenchOptions, one_run
 
@@ -69,12 +70,14 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             for key, value in {**env, BF16_VOCODER_ENV: switch, SPIN_ENV: None if us is None else str(us)}.items():
                 stack.enter_context(_env(key, value))
-            variants += _plan_variants(args, name, plan, serial)
-    for _name, parts, opts in variants:  # warm-up
+            variants += [(*v, env) for v in _plan_variants(args, name, plan, serial)]
+    for _name, parts, opts, env in variants:  # warm-up
+        _layer_settings(env, args.threads)
         one_run(parts, 4, opts)
     rows: dict[str, list] = {}
     for i in range(args.runs):
-        for name, parts, opts in variants if i % 2 == 0 else variants[::-1]:
+        for name, parts, opts, env in variants if i % 2 == 0 else variants[::-1]:
+            _layer_settings(env, args.threads)
             r = one_run(parts, args.frames, opts)
             rows.setdefault(name, []).append((r["talker_ms"], r["predictor_ms"], r["vocoder_ms"],
                                               r["total_s"] / r["audio_s"], r["ttfa_ms"], r["foreign_cores"]))  # fmt: skip
@@ -92,6 +95,13 @@ def _plan_env(spec: str) -> tuple[str, dict]:
     if any(not k or not eq for k, eq, _v in pairs):
         raise InputError(f"--plan {spec!r}: write the environment as PLAN@NAME=VALUE,NAME2=VALUE2")
     return plan, {k: v for k, _eq, v in pairs}
+
+
+def _layer_settings(env: dict, threads: int) -> None:
+    """The DecoderLayer op's spin bound is one per process: a variant that names QTTS_LAYER_SPIN_US
+    gets it re-applied before each of its runs (and the others the default back)."""
+    with _env(LAYER_SPIN_ENV, env.get(LAYER_SPIN_ENV, os.environ.get(LAYER_SPIN_ENV, ""))):
+        set_layer_threads(threads)
 
 
 def _plan_variants(args, name: str, plan: str, serial: BenchOptions) -> list:

@@ -196,8 +196,9 @@ MAX_K = 131072
 
 
 def _kernel_dims(nodes: list) -> str:
-    """'' when the layer's widths fit the kernel: every GEMV's input width (hidden, heads x head_dim,
-    intermediate) and the head dim multiples of 128, the query heads a multiple of the kv heads."""
+    """'' when the layer's widths fit the kernel (layer_op.c): every GEMV's input width (hidden,
+    heads x head dim, intermediate) a multiple of 128, the head dim even, the query heads a
+    multiple of the kv heads."""
     gqa = next(n for n in nodes if n.op_type == "GroupQueryAttention")
     heads, kvh = _attrs(gqa).get("num_heads", 0), _attrs(gqa).get("kv_num_heads", 0)
     gemvs = [n for n in nodes if n.op_type == "MatMulNBits"]
@@ -205,7 +206,7 @@ def _kernel_dims(nodes: list) -> str:
     qkv = [_attrs(n)["N"] for n in gemvs if slices.count(n.output[0]) == 3]  # q, k, v (gate/up: 2)
     widths = sorted(_attrs(n)["K"] for n in gemvs)
     head_dim = qkv[0] // (heads + 2 * kvh) if len(qkv) == 1 and kvh and heads % kvh == 0 else 0
-    if head_dim % 128 or not head_dim or any(k % 128 or k > MAX_K for k in widths):
+    if head_dim % 2 or not head_dim or any(k % 128 or k > MAX_K for k in widths):
         return f"head dim {head_dim}, GEMV input widths {widths}: the kernel needs multiples of 128"
     return ""
 

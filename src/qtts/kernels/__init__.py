@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..errors import InputError
 from ..files import atomic_path, publish, temp_beside
 
 log = logging.getLogger(__name__)
@@ -143,14 +144,20 @@ def snake_rows(x, a, inv_b, isa: str | None = None, out=None):
 def set_layer_threads(n: int) -> int | None:
     """Threads of the ``DecoderLayer`` op in this process, the calling thread included (default 2,
     1 on a one-CPU machine; 1: no worker threads, e.g. when other work fills the other cores).
-    Workers are started on first use, spin ~50 us between the GEMVs of a layer, then sleep.
-    Returns the count in force, or None without a library."""
+    Workers are started on first use, spin between the GEMVs of a layer (``QTTS_LAYER_SPIN_US``,
+    default 50 us; 0: block at once), then sleep. Returns the count in force, or None without a
+    library. Results never depend on either."""
     path = library()
     if path is None:
         return None
-    fn = ctypes.CDLL(path).qtts_layer_threads  # also qtts.kernels.layer.set_threads (tests, probes)
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
-    return int(fn(int(n)))
+    lib = ctypes.CDLL(path)  # also qtts.kernels.layer.set_threads (tests, probes)
+    spin = os.environ.get(LAYER_SPIN_ENV, "").strip() or str(LAYER_SPIN_DEFAULT_US)
+    if not spin.isdigit():
+        raise InputError(f"{LAYER_SPIN_ENV}={spin!r} is not a whole number of microseconds; set it to 0 "
+                         f"(no spinning) or a bound such as {LAYER_SPIN_DEFAULT_US}, or unset it")  # fmt: skip
+    lib.qtts_layer_spin_us(ctypes.c_int(min(int(spin), 1000000)))
+    lib.qtts_layer_threads.restype, lib.qtts_layer_threads.argtypes = ctypes.c_int, [ctypes.c_int]
+    return int(lib.qtts_layer_threads(int(n)))
 
 
 def isa(path: str) -> str:
@@ -170,6 +177,7 @@ FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-Wall", "-pt
 #: after the sources: libm, and libdl for dladdr / dlopen (DecoderLayer's workers pin the library)
 LIBS = ("-lm", "-ldl")
 COMPILERS = ("cc", "gcc", "clang")
+LAYER_SPIN_ENV, LAYER_SPIN_DEFAULT_US = "QTTS_LAYER_SPIN_US", 50  # the default is layer_pool.c's
 FAILED = "failed.txt"
 TIMEOUT_S = 300
 APT_HINT = "install a C compiler (Debian/Ubuntu: apt-get install gcc) or set CC"

@@ -1,6 +1,6 @@
 /* qtts kernels: the internal interfaces of the DecoderLayer op (layer.c, layer_dot.c, layer_pool.c,
  * layer_op.c). Nothing here is exported from the library: the entry points are declared where
- * they are defined (qtts_decoder_layer, qtts_gemv_q8, qtts_layer_threads, qtts_layer_isa).
+ * they are defined (qtts_decoder_layer, qtts_gemv_q8, qtts_layer_threads, qtts_layer_spin_us, qtts_layer_isa).
  */
 #ifndef QTTS_LAYER_H
 #define QTTS_LAYER_H

@@ -9,7 +9,7 @@
  *   and which thread ran a unit never changes a result (units write disjoint outputs);
  * - the unit counter carries the job's generation in its high 32 bits and is taken by CAS, so a
  *   worker still holding an old generation can never take a unit of the next job;
- * - waiting (for work, or the caller for the last unit) spins ~SPIN_NS, then blocks on a
+ * - waiting (for work, or the caller for the last unit) spins ~g_spin_ns, then blocks on a
  *   condition variable: consecutive GEMVs pay no wake-up, an idle process burns no CPU. The flag
  *   "I am about to block" and the counter are both sequentially consistent, so a waker either
  *   sees the flag (and signals under the mutex) or the waiter sees the new value (Dekker);
@@ -42,7 +42,10 @@
 #endif
 
 #define MAX_THREADS 16
-#define SPIN_NS 50000 /* ~ the serial gaps inside a layer: longer waits block */
+#define CLOSED 0xFFFFFFFFu /* a ticket's unit while publish() replaces the job: never < units */
+/* how long a waiting thread spins before it blocks: ~ the serial gaps inside a layer by default;
+ * qtts_layer_spin_us() sets it (0: block at once) */
+static _Atomic uint64_t g_spin_ns = 50000;
 
 typedef struct {
   pthread_cond_t cv;
@@ -55,7 +58,7 @@ static Worker g_workers[MAX_THREADS];
 static int g_started;                /* workers created (under g_mu) */
 static atomic_int g_threads;         /* the caller + workers wanted; 0: not chosen yet */
 static atomic_int g_caller_sleeping;
-static _Atomic uint64_t g_ticket;    /* generation << 32 | the next unit */
+static _Atomic uint64_t g_ticket;    /* generation << 32 | the next unit (CLOSED: being replaced) */
 static atomic_size_t g_done;         /* units of the current job finished */
 static _Atomic(TaskFn) g_fn;         /* the current job, stored before its ticket */
 static _Atomic(void *) g_ctx;
@@ -84,17 +87,25 @@ int qtts_layer_threads(int n) {
   return qtts_pool_size();
 }
 
+/* Set how long (us) the op's waiting threads spin before they block, capped at 1 s; us < 0 only
+ * asks. Returns the bound now in force. Results never depend on it. */
+int qtts_layer_spin_us(int us) {
+  if (us >= 0) atomic_store(&g_spin_ns, (uint64_t)(us < 1000000 ? us : 1000000) * 1000u);
+  return (int)(atomic_load(&g_spin_ns) / 1000u);
+}
+
 /* Take and run units of generation gen until there are none left (or the job is another's). */
 static void run_units(uint32_t gen) {
   for (;;) {
     uint64_t t = atomic_load(&g_ticket);
     if ((uint32_t)(t >> 32) != gen) return;
-    size_t units = atomic_load_explicit(&g_units, memory_order_relaxed), u = (uint32_t)t;
-    TaskFn fn = atomic_load_explicit(&g_fn, memory_order_relaxed);
-    void *ctx = atomic_load_explicit(&g_ctx, memory_order_relaxed);
+    size_t units = atomic_load_explicit(&g_units, memory_order_acquire), u = (uint32_t)t;
+    TaskFn fn = atomic_load_explicit(&g_fn, memory_order_acquire);
+    void *ctx = atomic_load_explicit(&g_ctx, memory_order_acquire);
     if (u >= units) return;
     if (!atomic_compare_exchange_weak(&g_ticket, &t, t + 1)) continue;
-    fn(ctx, u); /* the CAS proved the job still current: its fn, ctx and units were the ones read */
+    fn(ctx, u); /* the CAS proved no publish began since t was read (it closes the ticket first):
+                 * fn, ctx and units are this job's */
     if (atomic_fetch_add(&g_done, 1) + 1 == units && atomic_load(&g_caller_sleeping)) {
       pthread_mutex_lock(&g_mu);
       pthread_cond_signal(&g_done_cv);
@@ -109,7 +120,7 @@ static int active(int index) { return index < qtts_pool_size() - 1; }
 static uint32_t wait_job(int index, uint32_t seen) {
   Worker *w = &g_workers[index];
   if (active(index)) {
-    uint64_t deadline = now_ns() + SPIN_NS;
+    uint64_t deadline = now_ns() + atomic_load_explicit(&g_spin_ns, memory_order_relaxed);
     for (unsigned i = 1;; ++i) {
       uint32_t gen = (uint32_t)(atomic_load(&g_ticket) >> 32);
       if (gen != seen) return gen;
@@ -183,11 +194,17 @@ static void start_workers(int want) {
 
 /* Publish a job and wake the active workers that sleep. */
 static uint32_t publish(TaskFn fn, void *ctx, size_t units, int workers) {
-  atomic_store_explicit(&g_fn, fn, memory_order_relaxed);
-  atomic_store_explicit(&g_ctx, ctx, memory_order_relaxed);
-  atomic_store_explicit(&g_units, units, memory_order_relaxed);
+  /* Close the finished job first: a worker that read its ticket (every unit taken) and then this
+   * job's units, fn or ctx must fail its CAS, or it would run a unit past the old job's end with
+   * the new job's function (and count it done twice). The acquire loads in run_units that see a
+   * value stored below also see this store, and a CAS always reads the latest ticket. */
+  uint32_t gen = (uint32_t)(atomic_load(&g_ticket) >> 32);
+  atomic_store(&g_ticket, (uint64_t)gen << 32 | CLOSED);
+  atomic_store_explicit(&g_fn, fn, memory_order_release);
+  atomic_store_explicit(&g_ctx, ctx, memory_order_release);
+  atomic_store_explicit(&g_units, units, memory_order_release);
   atomic_store(&g_done, 0);
-  uint32_t gen = (uint32_t)(atomic_load(&g_ticket) >> 32) + 1;
+  gen += 1;
   atomic_store(&g_ticket, (uint64_t)gen << 32);
   int locked = 0;
   for (int i = 0; i < workers; ++i)
@@ -200,7 +217,7 @@ static uint32_t publish(TaskFn fn, void *ctx, size_t units, int workers) {
 }
 
 static void wait_done(size_t units) {
-  uint64_t deadline = now_ns() + SPIN_NS;
+  uint64_t deadline = now_ns() + atomic_load_explicit(&g_spin_ns, memory_order_relaxed);
   for (unsigned i = 1; atomic_load(&g_done) < units; ++i) {
     if (i % 64 == 0 && now_ns() > deadline) {
       pthread_mutex_lock(&g_mu);
