@@ -68,7 +68,8 @@ def main() -> None:
         plan, env = _plan_env(spec)
         name = spec + (" [fp32 vocoder]" if switch else "") + (f" [spin {us} us]" if us is not None else "")
         with contextlib.ExitStack() as stack:
-            for key, value in {**env, BF16_VOCODER_ENV: switch, SPIN_ENV: None if us is None else str(us)}.items():
+            flags = {BF16_VOCODER_ENV: switch, SPIN_ENV: None if us is None else str(us)}
+            for key, value in {**env, **{k: v for k, v in flags.items() if v is not None}}.items():
                 stack.enter_context(_env(key, value))
             variants += [(*v, env) for v in _plan_variants(args, name, plan, serial)]
     for _name, parts, opts, env in variants:  # warm-up

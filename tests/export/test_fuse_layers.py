@@ -31,7 +31,8 @@ def _export(talker, path: str, precision: str, repair: str) -> None:
 
 
 def _kernel_shaped(tiny: str, out) -> str:
-    """``tiny`` with a predictor of the kernel's widths: hidden 128, 2 heads on 1 of 128, MLP 256."""
+    """``tiny`` with a predictor of the kernel's widths: hidden 128, 2 heads on 1 of 128, MLP 256 (the
+    talker's heads of 128 too: the exporter shares one RoPE table)."""
     from qtts.config import ModelConfig
     from qtts.tools import random_weights as rw
 
@@ -40,6 +41,8 @@ def _kernel_shaped(tiny: str, out) -> str:
         cfg = json.load(fh)
     cfg["talker_config"]["code_predictor_config"].update(
         hidden_size=128, head_dim=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
+    cfg["talker_config"].update(head_dim=128, num_attention_heads=2, num_key_value_heads=1)  # one RoPE table
+    cfg["talker_config"]["rope_scaling"]["mrope_section"] = [32, 16, 16]  # sums to head_dim / 2
     with open(out / "config.json", "w", encoding="utf-8") as fh:
         json.dump(cfg, fh)
     specs = rw.main_specs(ModelConfig.from_dict(copy.deepcopy(cfg)))
@@ -58,7 +61,8 @@ def frames(tiny_snapshot, tmp_path_factory):
     shutil.copy(root / "plain.onnx", root / "fused.onnx")
     shutil.copy(root / "plain.onnx.data", root / "fused.onnx.data")
     count = fuse_layers(str(root / "fused.onnx"))
-    return {"root": root, "count": count, "layers": talker.code_predictor.cfg.num_hidden_layers, "talker": talker}
+    return {"root": root, "count": count, "layers": talker.code_predictor.cfg.num_hidden_layers, "talker": talker,
+            "snapshot": snapshot}
 
 
 def _feeds(hidden_size: int, seed: int) -> list[dict]:
@@ -137,3 +141,25 @@ def test_a_gemv_of_another_kind_keeps_the_graph_plain(frames, attr, value):
     before = model.SerializeToString()
     assert fuse_layers_model(model) == 0
     assert model.SerializeToString() == before
+
+
+def test_export_onnx_predictor_kernels_is_opt_in(frames, monkeypatch):
+    """``qtts export onnx --predictor-kernels`` records the fused layers in the bundle's manifest and
+    the runtime registers the library for them (the op runs); without the flag, as in every preset,
+    the predictor graph keeps its plain layers."""
+    from qtts.backends import open as open_components
+    from qtts.cli import main
+    from qtts.export.onnx import ExportOptions
+
+    assert ExportOptions().predictor_kernels is False
+    out = str(frames["root"] / "bundle")
+    flags = ["--weights", "int8", "--repair", "rotate", "--no-batch-graphs", "--components", "talker", "predictor"]
+    assert main(["export", "onnx", "-m", frames["snapshot"], "-o", out, *flags, "--predictor-kernels"]) == 0
+    with open(f"{out}/manifest.json", encoding="utf-8") as fh:
+        kernels_meta = json.load(fh)["graphs"]["predictor"]["kernels"]
+    assert kernels_meta == {f"{DOMAIN}::{OP}": frames["count"]}
+    backend = open_components(frames["snapshot"], f"{out}/plan.json").backend
+    feeds = _feeds(frames["talker"].cfg.hidden_size, seed=5)[0]
+    with_op = backend.predictor_sess.run(None, feeds)
+    plain = _run(frames["root"] / "fused.onnx", [feeds], library=False)[0]
+    assert not np.array_equal(with_op[1], plain[1])  # the compiled layer ran in the product's session

@@ -105,6 +105,8 @@ def _export_onnx_arguments(p) -> None:
     p.add_argument("--vocoder-from", metavar="BUNDLE", help="reuse the vocoder artifacts of another bundle")
     p.add_argument("--no-batch-graphs", action="store_true", help="skip the batch graphs a batched engine runs "
                    "(qtts serve --max-batch); such a bundle steps concurrent streams one by one")
+    p.add_argument("--predictor-kernels", action="store_true", help="the int8 rotated predictor frame's layers as "
+                   "compiled qtts.kernels::DecoderLayer ops (opt-in: docs/performance.md, 'Compiled kernels')")
     hidden_alias(p, "--vocoder-first", dest="first_chunk_frames", type=number(lo=0))
     hidden_alias(p, "--vocoder-main", dest="chunk_frames", type=number(lo=0))
     hidden_alias(p, "--speech-decoder-from", dest="vocoder_from")
@@ -119,7 +121,7 @@ def run_export_onnx(args) -> int:
         block_size=args.block_size, predictor_mode=args.predictor_mode, vocoder_first=args.first_chunk_frames,
         vocoder_main=args.chunk_frames, components=tuple(dict.fromkeys(args.components)),
         vocoder_from=args.vocoder_from, batch_graphs=not args.no_batch_graphs, vocoder_streams=args.vocoder_streams,
-        tables=args.tables, mix=args.mix, repair=args.repair,
+        tables=args.tables, mix=args.mix, repair=args.repair, predictor_kernels=args.predictor_kernels,
     )
     t0 = time.perf_counter()
     plan = export_bundle(args.model, args.output, opts, overwrite=args.force)

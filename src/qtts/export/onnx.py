@@ -59,8 +59,9 @@ class ExportOptions:
     #: is registered, the same plain ops (inlined) everywhere else; False: the plain graph
     vocoder_kernels: bool = True
     #: the int8 predictor frame's decoder layers as qtts.kernels::DecoderLayer function nodes
-    #: (qtts.export.fuse): the compiled layer where it is registered, the plain ops elsewhere
-    predictor_kernels: bool = True
+    #: (qtts.export.fuse): the compiled layer where it is registered, the plain ops elsewhere. Off in
+    #: the presets: no faster inside the product's loop (docs/performance.md, "Compiled kernels")
+    predictor_kernels: bool = False
     #: also write the batch graphs (dynamic batch talker, B-stream predictor frame) that a batched
     #: engine (qtts.engine.batching, `qtts serve --max-batch`) runs; artifacts["batch"] in the plan
     batch_graphs: bool = True

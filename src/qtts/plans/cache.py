@@ -40,10 +40,8 @@ TORCH = "torch"
 ENV_CACHE, ENV_PLAN, ENV_NO_BUILD = "QTTS_CACHE", "QTTS_PLAN", "QTTS_NO_BUILD"
 #: bump when the layout of a cached bundle changes in a way a version bump would not show (not when
 #: only its graphs get leaner with the same outputs: issue 24's fewer-node graphs give bit-identical
-#: codes and logits, so a bundle cached before them stays valid and is not rebuilt); 2: the int8
-#: predictor frame's layers became qtts.kernels::DecoderLayer nodes (qtts.export.fuse): a bundle cached
-#: before would run without the compiled layer
-FORMAT = 2
+#: codes and logits, so a bundle cached before them stays valid and is not rebuilt)
+FORMAT = 1
 INFO = "cache.json"  # beside plan.json: what the cache knows of the bundle (preset, checkpoint, versions)
 INSTALL_EXPORT = 'pip install -e ".[export]"'
 #: ``bundles/<key>.refused``: why the exporter refused that checkpoint; the default plan then runs
