@@ -13,6 +13,13 @@ Constants
     ``reference_configs(name)`` -> ``reference("configs", name)``: a real model's config folder.
 
 Fixtures (session scope; results are cached per argument set)
+    The checkpoints and bundles below are built once per test run, not once per xdist worker: the
+    first worker that asks builds one under a file lock in the run's shared folder (``run_shared``),
+    the other finds it there (or waits for it). They live until the run ends.
+    ``run_shared(name, build) -> str``
+        The folder ``name`` in the folder every worker of this run shares, made by ``build(path)`` the
+        first time any worker asks (``build`` writes ``path``); a build that raised is redone by the
+        next caller. Treat the result as read-only.
     ``tiny_snapshot(kind="base", layout="0.6b", seed=0, real_tokenizer=True) -> str``
         Path of a tiny random-weight snapshot in the real layout written by
         :func:`qtts.tools.random_checkpoint.write_random_checkpoint` (fp32). ``kind`` in base /
@@ -25,9 +32,13 @@ Fixtures (session scope; results are cached per argument set)
         generation reaches EOS by itself some frames after the text is used up.
     ``tiny_bundle(kind="custom_voice", *flags) -> str``
         Folder of a ``qtts export onnx`` bundle of ``tiny_snapshot(kind=kind)`` with those CLI flags
-        (e.g. ``"--components", "vocoder"``), exported once per session (per xdist worker) and shared
-        by every module that asks for the same ``kind`` and flags. Treat it as read-only (copy it to
+        (e.g. ``"--components", "vocoder"``), exported once per run and shared by every module that
+        asks for the same ``kind`` and flags (in the same order). Treat it as read-only (copy it to
         change it). A module whose export options no other module uses may still export its own.
+    ``mid_snapshot`` -> str
+        The mid Base 0.6b checkpoint (every real width, few layers, 2.3 GB; see
+        :mod:`qtts.tools.random_checkpoint`), seed 0, real tokenizer: written once per run for the
+        batch invariance tests on mid and tests/parity/test_parity_realdims.py.
     ``snapshot``  -> ``tiny_snapshot(kind="custom_voice")``: the default checkpoint of module tests
         (tests/backends/test_qnn.py overrides it with the Base one).
     ``one_thread`` (module scope)
@@ -53,6 +64,8 @@ Markers
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
@@ -93,42 +106,88 @@ def reference_configs(name: str) -> str:
     return reference("configs", name)
 
 
+SHARED = "shared"  # the folder, in the run's base temp, that run_shared builds in
+
+
+def _run_folder(config) -> str:
+    """The base temp of the whole run: an xdist worker's own base temp is a folder inside it."""
+    base = config._tmp_path_factory.getbasetemp()
+    return str(base.parent if hasattr(config, "workerinput") else base)
+
+
+def build_once(path: str, build) -> str:
+    """``build(path)`` unless a process of this run already built ``path``; returns ``path``.
+
+    A file lock beside it makes the other workers wait for the first build rather than repeat it;
+    ``path + ".done"`` marks a finished build (a build that raised leaves none and is redone)."""
+    done = path + ".done"
+    if not os.path.exists(done):
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not os.path.exists(done):
+                shutil.rmtree(path, ignore_errors=True)
+                build(path)
+                open(done, "w").close()
+    return path
+
+
 @pytest.fixture(scope="session")
-def tiny_snapshot(tmp_path_factory):
+def run_shared(pytestconfig):
+    root = os.path.join(_run_folder(pytestconfig), SHARED)
+    os.makedirs(root, exist_ok=True)
+    return lambda name, build: build_once(os.path.join(root, name), build)
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):  # the controller (or the only process): after every worker
+        shutil.rmtree(os.path.join(_run_folder(session.config), SHARED), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_snapshot(run_shared):
     from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
-    root = tmp_path_factory.mktemp("tiny-snapshots")
 
     def make(kind: str = "base", layout: str = "0.6b", seed: int = 0, real_tokenizer: bool = True) -> str:
         key = (kind, layout, int(seed), bool(real_tokenizer))
         if key not in cache:
             tok = reference("configs", "text-tokenizer-qwen2") if real_tokenizer else None
-            out = root / f"{kind}-{layout}-s{seed}-{'real' if real_tokenizer else 'standin'}"
-            cache[key] = write_random_checkpoint(
-                str(out), size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok
-            )
+            name = f"tiny-{kind}-{layout}-s{seed}-{'real' if real_tokenizer else 'standin'}"
+            cache[key] = run_shared(name, lambda out: write_random_checkpoint(
+                out, size="tiny", kind=kind, layout=layout, seed=seed, tokenizer_dir=tok))  # fmt: skip
         return cache[key]
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_bundle(tiny_snapshot, tmp_path_factory):
+def tiny_bundle(tiny_snapshot, run_shared):
     from qtts.cli import main
 
     cache: dict[tuple, str] = {}
-    root = tmp_path_factory.mktemp("tiny-bundles")
 
     def make(kind: str = "custom_voice", *flags: str) -> str:
         key = (kind, tuple(str(f) for f in flags))
         if key not in cache:
-            out = str(root / f"{kind}-{len(cache)}")
-            assert main(["export", "onnx", "-m", tiny_snapshot(kind=kind), "-o", out, *key[1]]) == 0
-            cache[key] = out
+
+            def export(out: str) -> None:
+                assert main(["export", "onnx", "-m", tiny_snapshot(kind=kind), "-o", out, *key[1]]) == 0
+
+            digest = hashlib.sha256("\0".join(key[1]).encode()).hexdigest()[:12]
+            cache[key] = run_shared(f"bundle-{kind}-{digest}", export)
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def mid_snapshot(run_shared):
+    from qtts.tools.random_checkpoint import write_random_checkpoint
+
+    tok = reference("configs", "text-tokenizer-qwen2")
+    return run_shared("mid-base-0.6b", lambda out: write_random_checkpoint(out, size="mid", kind="base",
+                                                                           tokenizer_dir=tok))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -179,21 +238,20 @@ def official_tts():
 
 
 @pytest.fixture(scope="session")
-def eos_snapshot(tmp_path_factory):
+def eos_snapshot(run_shared):
     """``eos_snapshot(kind="base", layout="0.6b") -> str``: a tiny snapshot written with
     ``natural_eos=True`` (greedy generation reaches EOS by itself some frames after the text is
     used up; see :func:`qtts.tools.random_weights.eos_clock_edits`). Real tokenizer, seed 0, fp32."""
     from qtts.tools.random_checkpoint import write_random_checkpoint
 
     cache: dict[tuple, str] = {}
-    root = tmp_path_factory.mktemp("eos-snapshots")
 
     def make(kind: str = "base", layout: str = "0.6b") -> str:
         if (kind, layout) not in cache:
-            cache[(kind, layout)] = write_random_checkpoint(
-                str(root / f"{kind}-{layout}"), size="tiny", kind=kind, layout=layout, seed=0,
+            cache[(kind, layout)] = run_shared(f"eos-{kind}-{layout}", lambda out: write_random_checkpoint(
+                out, size="tiny", kind=kind, layout=layout, seed=0,
                 tokenizer_dir=reference("configs", "text-tokenizer-qwen2"), natural_eos=True,
-            )
+            ))  # fmt: skip
         return cache[(kind, layout)]
 
     return make

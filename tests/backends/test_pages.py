@@ -83,5 +83,6 @@ def test_opening_an_onnx_plan_asks_for_them_and_torch_does_not(monkeypatch, tiny
     monkeypatch.setattr(backends, "advise_huge_pages", lambda *a, **k: calls.append("advise") or 0)
     backends.open(tiny_snapshot(kind="custom_voice"), plan="torch")
     assert calls == []
-    backends.open(tiny_snapshot(kind="custom_voice"), plan=f"{tiny_bundle()}/plan.json")
+    bundle = tiny_bundle("custom_voice", "--vocoder-first", "2", "--vocoder-main", "4")  # test_onnx_engine's
+    backends.open(tiny_snapshot(kind="custom_voice"), plan=f"{bundle}/plan.json")
     assert calls == ["advise"]

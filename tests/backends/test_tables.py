@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from export.test_graph_nodes import FLAGS
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError
 from qtts.export.write import quantize_rows, save_table
@@ -70,18 +71,20 @@ def test_all_zero_rows_and_missing_scales(tmp_path):
         save_table(path, np.zeros((4, 8), np.float32), "int3")
 
 
-def _export(snapshot: str, out: str, storage: str):
-    """A talker + predictor bundle with ``storage`` tables; returns its backend."""
+def _export(snapshot: str, out: str, storage: str, tiny_bundle):
+    """A talker + predictor bundle (no batch graphs) with ``storage`` tables; returns (its folder, its
+    backend). fp32 tables (the default) are tests/export/test_graph_nodes.py's bundle: one export for both."""
     from qtts.backends import open as open_components
 
-    args = ["export", "onnx", "--model", snapshot, "-o", out, "--tables", storage, "--no-batch-graphs",
-            "--components", "talker", "predictor"]  # fmt: skip
-    assert qtts_main(args) == 0
-    return open_components(snapshot, os.path.join(out, "plan.json")).backend
+    if storage == "fp32":
+        out = tiny_bundle("custom_voice", *FLAGS)
+    else:
+        assert qtts_main(["export", "onnx", "--model", snapshot, "-o", out, *FLAGS, "--tables", storage]) == 0
+    return out, open_components(snapshot, os.path.join(out, "plan.json")).backend
 
 
-def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
-    outs = {storage: _export(snapshot, str(tmp_path / storage), storage) for storage in ("fp32", "int8")}
+def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tiny_bundle, tmp_path):
+    outs = {s: _export(snapshot, str(tmp_path / s), s, tiny_bundle)[1] for s in ("fp32", "int8")}
     with open(os.path.join(tmp_path, "int8", "manifest.json"), encoding="utf-8") as fh:
         assert json.load(fh)["options"]["tables"] == "int8"
     assert os.path.exists(os.path.join(tmp_path, "int8", "tables", "text_embedding.scale.npy"))
@@ -93,15 +96,15 @@ def test_bundle_with_int8_tables_runs_close_to_fp32_tables(snapshot, tmp_path):
     assert _snr_db(ref.codec_embeds(np.array([2155, 2149])), test.codec_embeds(np.array([2155, 2149]))) >= 35.0
 
 
-def test_predictor_frame_graph_keeps_its_codec_tables_in_fp16_unless_tables_are_fp32(snapshot, tmp_path):
+def test_predictor_frame_graph_keeps_its_codec_tables_in_fp16_unless_tables_are_fp32(snapshot, tiny_bundle,
+                                                                                     tmp_path):
     import onnx
 
     from qtts.options import SamplingParams
 
     logits = {}
     for storage in ("fp32", "fp16"):
-        out = str(tmp_path / storage)
-        backend = _export(snapshot, out, storage)
+        out, backend = _export(snapshot, str(tmp_path / storage), storage, tiny_bundle)
         graph = onnx.load(os.path.join(out, "predictor.frame.fp32.onnx"), load_external_data=False).graph
         gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
         dtypes = {i.data_type for i in graph.initializer if i.name in gathered and len(i.dims) == 2}

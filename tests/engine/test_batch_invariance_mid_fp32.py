@@ -8,7 +8,6 @@ workers (``--dist loadfile``) run them side by side.
 from __future__ import annotations
 
 from support.batch_invariance import (  # noqa: F401  (collected here, with this module's fixtures)
-    mid_snapshot,
     preset_parts_fixture,
     test_rows_are_bitwise_alone_in_batches_of_one_to_four,
     test_streams_equal_alone_with_arrivals_and_a_cancellation,

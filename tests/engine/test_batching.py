@@ -26,13 +26,12 @@ def base_parts(tiny_snapshot):
 
 
 @pytest.fixture(scope="module")
-def onnx_plan(tiny_snapshot, tmp_path_factory) -> str:
-    """The tiny Base checkpoint exported fp32 (talker + predictor, one-stream and batch graphs)."""
-    from qtts.export.onnx import ExportOptions, export_bundle
+def onnx_plan(tiny_snapshot, run_shared) -> str:
+    """The tiny Base checkpoint exported fp32 (talker + predictor, one-stream and batch graphs): the
+    ``faithful`` preset's, the same bundle as tests/engine/test_batch_invariance.py's (one export)."""
+    from support.batch_invariance import generation_bundle
 
-    out = str(tmp_path_factory.mktemp("batch-bundle") / "fp32")
-    export_bundle(tiny_snapshot(), out, ExportOptions(components=("talker", "predictor"), vocoder_main=0))
-    return os.path.join(out, "plan.json")
+    return generation_bundle(run_shared, tiny_snapshot(), "faithful")
 
 
 @pytest.fixture(scope="module")

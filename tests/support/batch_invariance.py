@@ -4,9 +4,9 @@ tests/engine/test_batch_invariance.py (tiny: every plan), test_batch_invariance_
 they check and why is in test_batch_invariance.py's docstring. The cases are split over modules
 so that pytest-xdist's ``--dist loadfile`` runs them on both CI workers (one module took ~4 min).
 
-A module defines ``preset_parts = preset_parts_fixture(cases)`` and imports the two tests (and
-``mid_snapshot`` when it has mid cases); pytest collects the imported tests in that module, with
-that module's fixture.
+A module defines ``preset_parts = preset_parts_fixture(cases)`` and imports the two tests; pytest
+collects the imported tests in that module, with that module's fixture. The mid checkpoint is
+conftest's ``mid_snapshot`` (written once per run, shared with tests/parity/test_parity_realdims.py).
 """
 
 from __future__ import annotations
@@ -34,16 +34,11 @@ def _export(snapshot: str, out: str, preset: str) -> str:
     return os.path.join(out, "plan.json")
 
 
-@pytest.fixture(scope="module")
-def mid_snapshot(tmp_path_factory):
-    """A mid Base checkpoint (2.3 GB), written once for the module's mid cases and removed after them."""
-    from conftest import reference
-    from qtts.tools.random_checkpoint import write_random_checkpoint
-
-    root = tmp_path_factory.mktemp("inv-mid")
-    yield write_random_checkpoint(str(root / "mid"), size="mid", kind="base",
-                                  tokenizer_dir=reference("configs", "text-tokenizer-qwen2"))  # fmt: skip
-    shutil.rmtree(root, ignore_errors=True)
+def generation_bundle(run_shared, snapshot: str, preset: str) -> str:
+    """plan.json of ``preset``'s talker + predictor export of a tiny ``snapshot``, exported once per run
+    (conftest's ``run_shared``): tests/engine/test_batching.py's fp32 ONNX case is ``faithful``'s."""
+    name = f"bundle-{os.path.basename(snapshot)}-{preset}-generation"
+    return os.path.join(run_shared(name, lambda out: _export(snapshot, out, preset)), "plan.json")
 
 
 def preset_parts_fixture(cases: list):
@@ -59,11 +54,15 @@ def preset_parts_fixture(cases: list):
             parts = open_parts(snap, plan="torch", threads=1, max_batch=4)
             yield parts, parts
             return
-        root = tmp_path_factory.mktemp(f"inv-{size}-{preset}")
-        plan = _export(snap, str(root / "bundle"), preset)
+        if size == "tiny":
+            plan = generation_bundle(request.getfixturevalue("run_shared"), snap, preset)
+            yield tuple(open_parts(snap, plan=plan, threads=1, max_batch=4) for _ in range(2))
+            return
+        root = tmp_path_factory.mktemp(f"inv-{size}-{preset}")  # a mid bundle: 0.6 GB (int8) to 2 GB (fp32),
+        plan = _export(snap, str(root / "bundle"), preset)  # this module's alone: removed after it
         solo, batched = (open_parts(snap, plan=plan, threads=1, max_batch=4) for _ in range(2))
         yield solo, batched
-        shutil.rmtree(root, ignore_errors=True)  # a mid bundle: 0.6 GB (int8) to 2 GB (fp32)
+        shutil.rmtree(root, ignore_errors=True)
 
     return preset_parts
 
