@@ -96,10 +96,11 @@ rm -rf "$LOGS"
 # -- lint, then the suite ---------------------------------------------------------------------
 $VPY -m ruff check -q src tests scripts benchmarks examples || die "ruff check failed (above); '.venv/bin/ruff check --fix' mends most"
 # Two worker processes, one test file each at a time (pytest-xdist --dist loadfile: module
-# fixtures such as a file's exported bundle stay in one process). 1101 tests took 674 s this way
+# fixtures such as a file's exported bundle stay in one process), handed out in collection order
+# (--no-loadscope-reorder: tests/conftest.py collects the longest modules first, LONGEST_FIRST). 1101 tests took 674 s this way
 # against 1122 s in one process on the 2-core VM (an earlier run); 1605 tests took 987 s with two
 # workers while other jobs held the VM at load 4-7. QTTS_TEST_WORKERS=0 runs them in one process.
 if [ "${QTTS_TEST_WORKERS:-2}" = 0 ]; then
   exec $VPY -m pytest -q "$@"
 fi
-exec $VPY -m pytest -q -n "${QTTS_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec $VPY -m pytest -q -n "${QTTS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

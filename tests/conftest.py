@@ -82,7 +82,37 @@ os.environ["QTTS_CACHE"] = _CACHE
 os.environ.setdefault("QTTS_PLAN", "torch")
 
 
+#: The modules that take longest (each 40-170 s of one worker's time under CI's two workers), longest
+#: and first-needed first: collected first, so that xdist (``--dist loadfile --no-loadscope-reorder``
+#: in scripts/test.sh hands out modules in collection order) starts them first rather than leaving one
+#: for the end while the other worker is idle. The mid batch invariance module that writes the shared mid
+#: checkpoint comes before the others that read it. Every other module keeps its place.
+LONGEST_FIRST = (
+    "engine/test_batch_invariance_mid_int.py",
+    "backends/test_executorch.py",
+    "engine/test_batch_invariance_mid_fp32.py",
+    "parity/test_parity_realdims.py",
+    "export/test_repair.py",
+    "backends/test_onnx_engine.py",
+    "backends/test_plan_cache.py",
+    "server/test_batch_invariance_http.py",
+    "server/test_ray_serve.py",
+    "engine/test_batching.py",
+    "backends/test_qnn.py",
+    "api/test_timestamps.py",
+    "parity/test_parity_generate.py",
+    "repo/test_architecture.py",
+    "text/test_prompt.py",
+)
+
+
+def _module_rank(item) -> int:
+    path = item.nodeid.split("::")[0].removeprefix("tests/")
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_module_rank)  # stable: a module's tests keep their order
     if "slow" in (config.getoption("markexpr") or ""):
         return
     keep = [item for item in items if item.get_closest_marker("slow") is None]
