@@ -85,8 +85,8 @@ os.environ.setdefault("QTTS_PLAN", "torch")
 #: The modules that take longest (each 40-170 s of one worker's time under CI's two workers), longest
 #: and first-needed first: collected first, so that xdist (``--dist loadfile --no-loadscope-reorder``
 #: in scripts/test.sh hands out modules in collection order) starts them first rather than leaving one
-#: for the end while the other worker is idle. The mid batch invariance module that writes the shared mid
-#: checkpoint comes before the others that read it. Every other module keeps its place.
+#: for the end while the other worker is idle. The mid batch invariance module that writes the shared
+#: mid checkpoint comes before the others that read it. The other modules follow, most tests first.
 LONGEST_FIRST = (
     "engine/test_batch_invariance_mid_int.py",
     "backends/test_executorch.py",
@@ -106,13 +106,23 @@ LONGEST_FIRST = (
 )
 
 
-def _module_rank(item) -> int:
-    path = item.nodeid.split("::")[0].removeprefix("tests/")
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+def _order_modules(items) -> None:
+    """``LONGEST_FIRST``, then the other modules most tests first (xdist's own order); stable: a
+    module's tests keep their order."""
+    path = {id(item): item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
+    count: dict[str, int] = {}
+    for p in path.values():
+        count[p] = count.get(p, 0) + 1
+
+    def key(item) -> tuple:
+        p = path[id(item)]
+        return (LONGEST_FIRST.index(p), 0) if p in LONGEST_FIRST else (len(LONGEST_FIRST), -count[p])
+
+    items.sort(key=key)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_module_rank)  # stable: a module's tests keep their order
+    _order_modules(items)
     if "slow" in (config.getoption("markexpr") or ""):
         return
     keep = [item for item in items if item.get_closest_marker("slow") is None]
