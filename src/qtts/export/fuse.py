@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import require
+from .snake import attach_function
 
 log = logging.getLogger(__name__)
 
@@ -288,10 +289,7 @@ def fuse_layers_model(model) -> int:
     nodes = [n for n in nodes if n.op_type != "Constant" or any(o in used for o in n.output)]
     del model.graph.node[:]
     model.graph.node.extend(_toposort(nodes))
-    model.functions.append(layer_function(onnx, bodies[0]))
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
-    model.ir_version = max(model.ir_version, 8)  # model-local functions
+    attach_function(onnx, model, layer_function(onnx, bodies[0]))
     return len(found)
 
 

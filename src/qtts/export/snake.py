@@ -119,11 +119,16 @@ def fuse_snake_model(model) -> int:
     del model.graph.node[:]
     model.graph.node.extend(kept)
     if not any(f.domain == DOMAIN and f.name == OP for f in model.functions):
-        model.functions.append(snake_function())
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
-    model.ir_version = max(model.ir_version, 8)  # model-local functions
+        attach_function(onnx, model, snake_function())
     return len(found)
+
+
+def attach_function(onnx, model, function) -> None:
+    """Add the model-local ``function`` (ONNX IR 8) and its domain's opset to ``model``."""
+    model.functions.append(function)
+    if not any(o.domain == function.domain for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(function.domain, 1))
+    model.ir_version = max(model.ir_version, 8)
 
 
 def fuse_snake(path: str) -> int:

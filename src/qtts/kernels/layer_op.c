@@ -148,12 +148,6 @@ int qtts_decoder_layer(const int64_t *shapes, const void *const *inputs, float *
 /* ----------------------------------------------------------------------------- the ORT op */
 static const QttsOrtApi *g_api;
 
-#define TRY(expr)          \
-  do {                     \
-    Status st_ = (expr);   \
-    if (st_) return st_;   \
-  } while (0)
-
 static Status invalid(const char *msg) { return g_api->CreateStatus(QTTS_ORT_INVALID_ARGUMENT, msg); }
 
 /* Input i's data, type-checked, and its shape as (rank, dims) into s[5]. */
@@ -164,8 +158,8 @@ static Status read_input(OrtKernelContext *ctx, int i, int64_t *s, const void **
   int type = 0;
   void *p = NULL;
   char msg[160];
-  TRY(g_api->KernelContext_GetInput(ctx, (size_t)i, &v));
-  TRY(g_api->GetTensorTypeAndShape(v, &info));
+  QTTS_TRY(g_api->KernelContext_GetInput(ctx, (size_t)i, &v));
+  QTTS_TRY(g_api->GetTensorTypeAndShape(v, &info));
   Status st = g_api->GetTensorElementType(info, &type);
   if (!st) st = g_api->GetDimensionsCount(info, &rank);
   if (!st && rank <= 4) st = g_api->GetDimensions(info, s + 1, rank);
@@ -177,7 +171,7 @@ static Status read_input(OrtKernelContext *ctx, int i, int64_t *s, const void **
     return invalid(msg);
   }
   s[0] = (int64_t)(rank <= 4 ? rank : 0);
-  TRY(g_api->GetTensorMutableData((OrtValue *)v, &p));
+  QTTS_TRY(g_api->GetTensorMutableData((OrtValue *)v, &p));
   *data = p;
   return NULL;
 }
@@ -185,8 +179,8 @@ static Status read_input(OrtKernelContext *ctx, int i, int64_t *s, const void **
 static Status output(OrtKernelContext *ctx, size_t i, const int64_t *dims, size_t rank, float **data) {
   OrtValue *v;
   void *p;
-  TRY(g_api->KernelContext_GetOutput(ctx, i, dims, rank, &v));
-  TRY(g_api->GetTensorMutableData(v, &p));
+  QTTS_TRY(g_api->KernelContext_GetOutput(ctx, i, dims, rank, &v));
+  QTTS_TRY(g_api->GetTensorMutableData(v, &p));
   *data = p;
   return NULL;
 }
@@ -199,13 +193,13 @@ static Status compute(void *kernel, OrtKernelContext *ctx) {
   LayerDims d;
   char err[320];
   const char *name;
-  for (int i = 0; i < LAYER_INPUTS; ++i) TRY(read_input(ctx, i, sh + i * 5, &in[i]));
+  for (int i = 0; i < LAYER_INPUTS; ++i) QTTS_TRY(read_input(ctx, i, sh + i * 5, &in[i]));
   if (qtts_layer_dims(sh, &d, err, sizeof err)) return invalid(err);
   const int64_t y[3] = {1, (int64_t)d.T, (int64_t)d.H};
   const int64_t present[4] = {1, (int64_t)d.kvh, (int64_t)(d.P + d.T), (int64_t)d.D};
-  TRY(output(ctx, 0, y, 3, &out[0]));
-  TRY(output(ctx, 1, present, 4, &out[1]));
-  TRY(output(ctx, 2, present, 4, &out[2]));
+  QTTS_TRY(output(ctx, 0, y, 3, &out[0]));
+  QTTS_TRY(output(ctx, 1, present, 4, &out[1]));
+  QTTS_TRY(output(ctx, 2, present, 4, &out[2]));
   if (qtts_layer_run(&d, in, out, qtts_dot_pick(NULL, &name)))
     return g_api->CreateStatus(QTTS_ORT_FAIL, "qtts.kernels DecoderLayer: out of memory");
   return NULL;

@@ -101,6 +101,13 @@ struct OrtCustomOp {
   void *later[4]; /* MayInplace / AliasMap (versions 18+), unused */
 };
 
+/* Return a failed OrtStatus from the enclosing function. */
+#define QTTS_TRY(expr)   \
+  do {                   \
+    Status st_ = (expr); \
+    if (st_) return st_; \
+  } while (0)
+
 /* The library's second op, qtts.kernels::DecoderLayer (layer_op.c): filled on first use with api,
  * added to the domain by RegisterCustomOps (snake.c). */
 __attribute__((visibility("hidden"))) const OrtCustomOp *qtts_layer_custom_op(const QttsOrtApi *api);

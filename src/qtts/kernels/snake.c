@@ -231,19 +231,13 @@ int qtts_snake_beta(const float *x, const float *a, const float *inv_b, float *y
 /* ----------------------------------------------------------------------------- the ORT op */
 static const QttsOrtApi *g_api;
 
-#define TRY(expr)                       \
-  do {                                  \
-    Status st_ = (expr);                \
-    if (st_) return st_;                \
-  } while (0)
-
 static Status fail(const char *msg) { return g_api->CreateStatus(QTTS_ORT_INVALID_ARGUMENT, msg); }
 
 static Status input(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *dims, size_t *rank, size_t *count) {
   OrtTensorTypeAndShapeInfo *info;
   int type = 0;
-  TRY(g_api->KernelContext_GetInput(ctx, i, v));
-  TRY(g_api->GetTensorTypeAndShape(*v, &info));
+  QTTS_TRY(g_api->KernelContext_GetInput(ctx, i, v));
+  QTTS_TRY(g_api->GetTensorTypeAndShape(*v, &info));
   Status st = g_api->GetDimensionsCount(info, rank);
   if (!st && *rank > 8) st = fail("qtts.kernels SnakeBeta: rank > 8");
   if (!st) st = g_api->GetDimensions(info, dims, *rank);
@@ -260,18 +254,18 @@ static Status compute(void *kernel, OrtKernelContext *ctx) {
   int64_t dims[8], unused[8];
   size_t rank, r2, count, na, nb;
   void *p;
-  TRY(input(ctx, 0, &xv, dims, &rank, &count));
-  TRY(input(ctx, 1, &av, unused, &r2, &na));
-  TRY(input(ctx, 2, &bv, unused, &r2, &nb));
+  QTTS_TRY(input(ctx, 0, &xv, dims, &rank, &count));
+  QTTS_TRY(input(ctx, 1, &av, unused, &r2, &na));
+  QTTS_TRY(input(ctx, 2, &bv, unused, &r2, &nb));
   if (rank < 3 || dims[rank - 2] < 1 || na != (size_t)dims[rank - 2] || nb != (size_t)dims[rank - 2])
     return fail("qtts.kernels SnakeBeta: x must be [..., C, T] with a and inv_b holding C values");
   OrtValue *out;
-  TRY(g_api->KernelContext_GetOutput(ctx, 0, dims, rank, &out));
+  QTTS_TRY(g_api->KernelContext_GetOutput(ctx, 0, dims, rank, &out));
   Job j = {0};
-  TRY(g_api->GetTensorMutableData((OrtValue *)xv, &p)); j.x = p;
-  TRY(g_api->GetTensorMutableData((OrtValue *)av, &p)); j.a = p;
-  TRY(g_api->GetTensorMutableData((OrtValue *)bv, &p)); j.inv_b = p;
-  TRY(g_api->GetTensorMutableData(out, &p)); j.y = p;
+  QTTS_TRY(g_api->GetTensorMutableData((OrtValue *)xv, &p)); j.x = p;
+  QTTS_TRY(g_api->GetTensorMutableData((OrtValue *)av, &p)); j.a = p;
+  QTTS_TRY(g_api->GetTensorMutableData((OrtValue *)bv, &p)); j.inv_b = p;
+  QTTS_TRY(g_api->GetTensorMutableData(out, &p)); j.y = p;
   j.channels = (size_t)dims[rank - 2];
   j.inner = (size_t)dims[rank - 1];
   j.total = count;
@@ -325,9 +319,9 @@ Status RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
     g_op.KernelComputeV2 = compute;
     g_op.GetStartVersion = op_start;
     g_op.GetEndVersion = op_end;
-    TRY(g_api->CreateCustomOpDomain("qtts.kernels", &g_domain));
-    TRY(g_api->CustomOpDomain_Add(g_domain, &g_op));
-    TRY(g_api->CustomOpDomain_Add(g_domain, qtts_layer_custom_op(g_api)));
+    QTTS_TRY(g_api->CreateCustomOpDomain("qtts.kernels", &g_domain));
+    QTTS_TRY(g_api->CustomOpDomain_Add(g_domain, &g_op));
+    QTTS_TRY(g_api->CustomOpDomain_Add(g_domain, qtts_layer_custom_op(g_api)));
   }
   return g_api->AddCustomOpDomain(options, g_domain);
 }
