@@ -72,13 +72,16 @@ def main() -> None:
             for key, value in {**env, **{k: v for k, v in flags.items() if v is not None}}.items():
                 stack.enter_context(_env(key, value))
             variants += [(*v, env) for v in _plan_variants(args, name, plan, serial)]
+    per_run = any(LAYER_SPIN_ENV in env for *_v, env in variants)  # else nothing to re-apply
     for _name, parts, opts, env in variants:  # warm-up
-        _layer_settings(env, args.threads)
+        if per_run:
+            _layer_settings(env, args.threads)
         one_run(parts, 4, opts)
     rows: dict[str, list] = {}
     for i in range(args.runs):
         for name, parts, opts, env in variants if i % 2 == 0 else variants[::-1]:
-            _layer_settings(env, args.threads)
+            if per_run:
+                _layer_settings(env, args.threads)
             r = one_run(parts, args.frames, opts)
             rows.setdefault(name, []).append((r["talker_ms"], r["predictor_ms"], r["vocoder_ms"],
                                               r["total_s"] / r["audio_s"], r["ttfa_ms"], r["foreign_cores"]))  # fmt: skip

@@ -163,3 +163,17 @@ def test_export_onnx_predictor_kernels_is_opt_in(frames, monkeypatch):
     with_op = backend.predictor_sess.run(None, feeds)
     plain = _run(frames["root"] / "fused.onnx", [feeds], library=False)[0]
     assert not np.array_equal(with_op[1], plain[1])  # the compiled layer ran in the product's session
+
+
+def test_predictor_kernels_on_a_model_it_does_not_fit_warns(tiny_snapshot, tmp_path, caplog):
+    """The tiny checkpoint's widths (32) do not fit the kernel: the export keeps the plain layers and
+    says why, rather than leaving the flag silently without effect."""
+    from qtts.cli import main
+
+    flags = ["--weights", "int8", "--repair", "rotate", "--no-batch-graphs", "--components", "talker", "predictor"]
+    with caplog.at_level("WARNING", logger="qtts.export.onnx"):
+        assert main(["export", "onnx", "-m", tiny_snapshot(kind="custom_voice"), "-o", str(tmp_path / "b"), *flags,
+                     "--predictor-kernels"]) == 0  # fmt: skip
+    assert "--predictor-kernels: no predictor layer has the kernel's layout" in caplog.text
+    with open(tmp_path / "b" / "manifest.json", encoding="utf-8") as fh:
+        assert json.load(fh)["graphs"]["predictor"]["kernels"] == {f"{DOMAIN}::{OP}": 0}

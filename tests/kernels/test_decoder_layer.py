@@ -105,7 +105,6 @@ def test_the_gemv_is_matmulnbits(lib, t, k, n):
     """The same float32 input quantizes to the same codes here, in the reference and in
     onnxruntime (accuracy_level 4), so only the float sums' order differs: ~1e-7. N = 40: rows
     that end mid-step (the vector paths' tails)."""
-    pytest.importorskip("onnx")
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -174,7 +173,6 @@ def _torch_layer(inputs):
 def test_the_layer_is_the_models_decoder_layer(lib, t, p):
     """The reference without int8 activations is qtts.model.layers.DecoderLayer (fp32 rounding), and
     the kernel is that layer but for the int8 activations (a few 1e-3 of the layer's update)."""
-    pytest.importorskip("torch")
     inputs = selftest.layer_inputs(t=t, p=p)
     model = _torch_layer(inputs)
     assert selftest.layer_error(model, selftest.layer_reference(inputs, quantized=False)) <= 1e-5
@@ -206,7 +204,6 @@ def test_the_onnxruntime_op_is_the_ctypes_call(lib, t, p):
 
 def test_one_session_takes_every_cache_length(lib):
     """Symbolic T and P, as the predictor graph has them: one session, the first pass and steps."""
-    pytest.importorskip("onnx")
     from onnx import helper
 
     def info(name, elem, shape):

@@ -298,7 +298,7 @@ def kernel_options(path: str, threads: int | None, shared: SharedWeights | None 
     step's SnakeBeta; with ``layers`` the predictor frame's DecoderLayer, on ``threads`` threads), else
     the graph's ``qtts.kernels`` function nodes are inlined to the plain ops (a plain export's output,
     bit for bit); for a vocoder step, its shared weights. Never unbounded spinning beside the layer op:
-    idle onnxruntime workers would hold the cores its threads need (predictor frame 37 -> 60 ms)."""
+    idle onnxruntime workers would hold the cores its threads need."""
     from ..kernels import register, set_layer_threads
 
     so = shared.options(path, threads) if shared else session_options(threads, spinning and not layers)

@@ -1,9 +1,9 @@
 """Decoder layers of a quantized predictor frame graph -> one ``qtts.kernels::DecoderLayer`` node each.
 
-The frame graph runs 5 layers x 15 passes; each layer is ~25 onnxruntime nodes, four of them int8
-GEMVs (``MatMulNBits``) and one ``GroupQueryAttention``, and every one of those five splits its work
-over the intra-op thread pool: on a 2-core VM each such handoff wakes a sleeping worker (~30-40 us),
-~390 times a frame (docs/performance.md, "The fused predictor layer"). :func:`fuse_layers_model`
+The frame graph runs 5 layers x 15 passes; each layer is ~27 onnxruntime nodes, four of them int8
+GEMVs (``MatMulNBits``) and one ``GroupQueryAttention``, and every one of those five hands its work
+to the intra-op thread pool, ~390 hand-offs a frame (docs/performance.md, "Compiled kernels": the
+op is opt-in, ``qtts export onnx --predictor-kernels``). :func:`fuse_layers_model`
 replaces each layer by one node that calls the model-local function ``qtts.kernels::DecoderLayer``
 (ONNX IR 8 functions) whose body is the layer's own nodes, as :mod:`qtts.export.snake` does for
 SnakeBeta. So the bundle stays portable:

@@ -212,6 +212,9 @@ def export_generation(talker, out: str, opts: ExportOptions, progress=None, reci
             from .fuse import OP, fuse_layers
 
             meta["predictor"]["kernels"] = {f"qtts.kernels::{OP}": fuse_layers(os.path.join(out, name))}
+            if not any(meta["predictor"]["kernels"].values()):
+                log.warning("--predictor-kernels: no predictor layer has the kernel's layout (int8 block 128, "
+                            "--repair rotate, widths multiples of 128); the plain layers are kept")  # fmt: skip
     if opts.batch_graphs:
         _phase(progress, "batch graphs")
         _batch_graphs(talker, out, opts, plan, meta, recipe)

@@ -5,7 +5,7 @@ one vectorised, multi-threaded pass instead of five, with onnxruntime's scalar `
 and :func:`snake_rows` (``snake_rows.c``, through ctypes: the same activation on rows, rounded to
 bf16, for the torch runtime's bf16 vocoder step). A second op, ``qtts.kernels::DecoderLayer``
 (``layer*.c``, :mod:`qtts.kernels.layer`), is one whole int8 decoder layer of the code predictor in
-one call, on the library's own threads (:func:`set_layer_threads`), instead of ~21 onnxruntime
+one call, on the library's own threads (:func:`set_layer_threads`), instead of ~27 onnxruntime
 nodes with a thread-pool hand-off at each GEMV. Nothing needs it: the bundle's vocoder steps call
 SnakeBeta as a model-local ONNX function (:mod:`qtts.export.snake`; a predictor graph calls
 DecoderLayer the same way) that onnxruntime inlines to the plain ops wherever the library is not
