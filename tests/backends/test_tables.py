@@ -114,3 +114,22 @@ def test_predictor_frame_graph_keeps_its_codec_tables_in_fp16_unless_tables_are_
         feeds = backend._fused_feeds(hidden, 17, greedy, np.zeros(15, np.float32))
         logits[storage] = backend.predictor_sess.run(["logits"], feeds)[0]
     assert _snr_db(logits["fp32"], logits["fp16"]) >= 50.0
+
+
+@pytest.mark.parametrize("shape", [(50, 16), (3, 20, 16), (1, 8)])
+def test_blocked_quantize_rows_is_the_whole_array_formula(shape, monkeypatch):
+    """quantize_rows works QUANT_ROWS rows at a time: the bits of the one-pass formula, zero rows and
+    rows across block edges included."""
+    from qtts.export import write
+
+    rng = np.random.default_rng(3)
+    arr = (rng.standard_normal(shape) * rng.uniform(0.001, 5.0, shape[:-1] + (1,))).astype(np.float32)
+    arr.reshape(-1, shape[-1])[len(arr.reshape(-1, shape[-1])) // 2] = 0.0
+    absmax = np.abs(arr).max(axis=-1)
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    whole = np.clip(np.rint(arr / scale[..., None]), -127, 127).astype(np.int8)
+    monkeypatch.setattr(write, "QUANT_ROWS", 7)
+    data, got = write.quantize_rows(arr)
+    assert data.dtype == np.int8 and got.dtype == np.float32
+    np.testing.assert_array_equal(got, scale)
+    np.testing.assert_array_equal(data, whole)

@@ -31,6 +31,24 @@ def test_rotation_is_orthogonal_and_the_graph_form_is_the_matrix(n):
     assert torch.equal(HadamardRotation(n).signs, rot.signs)  # seeded: exports are deterministic
 
 
+@pytest.mark.parametrize("n", [48, 1024, 3072])
+def test_reads_and_writes_are_the_dense_products(n):
+    """The factored weight transforms equal the dense ``Q^T diag(g) W`` and ``W Q`` (float64 products
+    rounded to fp32: equal but for a rare last bit)."""
+    from qtts.export.rotate import HadamardRotation, reads, writes
+
+    rot, gen = HadamardRotation(n), torch.Generator().manual_seed(n)
+    q = rot.matrix()
+    w, gain, wt = torch.randn(n, 40, generator=gen), torch.rand(n, generator=gen) + 0.5, torch.randn(24, n, generator=gen)
+    dense_reads = (q.T @ (gain.double()[:, None] * w.double())).float()
+    dense_writes = (wt.double() @ q).float()
+    for got, want in ((reads(w, rot, gain), dense_reads), (reads(w, rot), (q.T @ w.double()).float()),
+                      (writes(wt, rot), dense_writes)):  # fmt: skip
+        assert got.dtype == torch.float32 and got.shape == want.shape and got.is_contiguous()
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+        assert (got != want).float().mean() < 1e-3
+
+
 def test_odd_sizes_are_refused():
     from qtts.export.rotate import factors
 
@@ -54,7 +72,7 @@ def test_rotation_spreads_an_outlier_channel():
         return 10 * np.log10(np.sum(m**2) / np.sum((fake_quant(m, 4, 128) - m) ** 2))
 
     folded = gain[:, None] * w
-    rotated = reads(w, HadamardRotation(1024).matrix(), gain)
+    rotated = reads(w, HadamardRotation(1024), gain)
     assert snr(rotated) >= snr(folded) + 3.0, (snr(folded), snr(rotated))
     assert snr(rotated) >= 18.0
 

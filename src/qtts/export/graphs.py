@@ -119,8 +119,8 @@ class TalkerGraph(nn.Module):
         if rotate:
             from .rotate import UnitNorm, reads, rotate_stack
 
-            self.rotation, q = rotate_stack(self.layers, self.cfg.hidden_size)
-            self.head = nn.Parameter(reads(self.head, q, self.norm.weight), requires_grad=False)
+            self.rotation = rotate_stack(self.layers, self.cfg.hidden_size)
+            self.head = nn.Parameter(reads(self.head, self.rotation, self.norm.weight), requires_grad=False)
             gain = self.norm.weight.detach().float() * self.rotation.signs  # the inverse's signs, then the gain
             self.register_buffer("gain", gain.clone())
             self.norm = UnitNorm(self.norm)
@@ -151,8 +151,8 @@ class PredictorStepGraph(nn.Module):
         if rotate:
             from .rotate import UnitNorm, reads, rotate_stack
 
-            self.rotation, q = rotate_stack(self.layers, self.cfg.hidden_size)
-            heads = [reads(w, q, self.norm.weight) for w in heads]
+            self.rotation = rotate_stack(self.layers, self.cfg.hidden_size)
+            heads = [reads(w, self.rotation, self.norm.weight) for w in heads]
             self.norm = UnitNorm(self.norm)
         self.heads = nn.ParameterList(nn.Parameter(w, requires_grad=False) for w in heads)
 

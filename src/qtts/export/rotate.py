@@ -97,42 +97,51 @@ class UnitNorm(nn.Module):
         self.register_buffer("weight", torch.ones_like(norm.weight.detach(), dtype=torch.float32))
 
 
-def reads(w: torch.Tensor, q: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
-    """A projection ``[in, out]`` reading a rotated, gain-folded input: ``Q^T diag(gain) W``."""
-    w64 = w.detach().double()
+def _k_rows(rot: HadamardRotation, v: torch.Tensor) -> torch.Tensor:
+    """``K v`` in float64 for ``v [n, c]``, ``K = I_m (x) H_a (x) H_b`` the rotation without its signs,
+    as two small contractions per ``[a, b]`` block (``2 n sqrt(p)`` multiply-adds per column instead of
+    the dense matrix's ``n^2``: the rotated export of a full-size model in seconds, not a minute)."""
+    a, b = rot.ha.shape[0], rot.hb.shape[0]
+    x = torch.einsum("ij,mjbc->mibc", rot.ha.double(), v.reshape(rot.m, a, b, -1))
+    return torch.einsum("kl,milc->mikc", rot.hb.double(), x).reshape(v.shape)
+
+
+def reads(w: torch.Tensor, rot: HadamardRotation, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection ``[in, out]`` reading a rotated, gain-folded input: ``Q^T diag(gain) W``
+    (``= K diag(s) diag(gain) W``: ``Q = diag(s) K`` and ``K`` is symmetric)."""
+    w64 = w.detach().double() * rot.signs.double()[:, None]
     if gain is not None:
         w64 = gain.detach().double()[:, None] * w64
-    return (q.T @ w64).float().contiguous()
+    return _k_rows(rot, w64).float().contiguous()
 
 
-def writes(w: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """A projection ``[in, out]`` writing into the rotated stream: ``W Q``."""
-    return (w.detach().double() @ q).float().contiguous()
+def writes(w: torch.Tensor, rot: HadamardRotation) -> torch.Tensor:
+    """A projection ``[in, out]`` writing into the rotated stream: ``W Q`` (``= (K (W diag(s))^T)^T``)."""
+    w64 = w.detach().double() * rot.signs.double()[None, :]
+    return _k_rows(rot, w64.T.contiguous()).T.float().contiguous()
 
 
-def rotate_layer(layer: nn.Module, q: torch.Tensor, mid: HadamardRotation, r: torch.Tensor) -> None:
-    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place: residual ``q``, MLP rotation ``mid``
-    (dense ``r``), whose signs go into the ``up`` columns: the graph applies only its Hadamard part."""
+def rotate_layer(layer: nn.Module, q: HadamardRotation, mid: HadamardRotation) -> None:
+    """Rotate one :class:`~qtts.export.graphs.FusedLayer` in place: residual ``q``, MLP rotation ``mid``,
+    whose signs go into the ``up`` columns: the graph applies only its Hadamard part."""
     signs = torch.cat([torch.ones_like(mid.signs), mid.signs])  # gate columns unchanged, up columns * s
     with torch.no_grad():
         layer.qkv = nn.Parameter(reads(layer.qkv, q, layer.input_layernorm.weight), requires_grad=False)
         layer.o = nn.Parameter(writes(layer.o, q), requires_grad=False)
         gate_up = reads(layer.gate_up, q, layer.post_attention_layernorm.weight) * signs
         layer.gate_up = nn.Parameter(gate_up.contiguous(), requires_grad=False)
-        layer.down = nn.Parameter(writes(reads(layer.down, r), q), requires_grad=False)
+        layer.down = nn.Parameter(writes(reads(layer.down, mid), q), requires_grad=False)
     layer.input_layernorm = UnitNorm(layer.input_layernorm)
     layer.post_attention_layernorm = UnitNorm(layer.post_attention_layernorm)
     layer.mid_rotation = mid
 
 
-def rotate_stack(layers: nn.ModuleList, hidden: int) -> tuple[HadamardRotation, torch.Tensor]:
-    """Rotate every layer of a decoder stack; returns the residual rotation and its dense ``Q``."""
+def rotate_stack(layers: nn.ModuleList, hidden: int) -> HadamardRotation:
+    """Rotate every layer of a decoder stack; returns the residual rotation."""
     rot = HadamardRotation(hidden)
-    q = rot.matrix()
-    mids: dict = {}  # one rotation (and one dense matrix) per intermediate size, shared by the layers
+    mids: dict = {}  # one rotation per intermediate size, shared by the layers
     for layer in layers:
         if layer.intermediate not in mids:
-            mid = HadamardRotation(layer.intermediate)
-            mids[layer.intermediate] = (mid, mid.matrix())
-        rotate_layer(layer, q, *mids[layer.intermediate])
-    return rot, q
+            mids[layer.intermediate] = HadamardRotation(layer.intermediate)
+        rotate_layer(layer, rot, mids[layer.intermediate])
+    return rot

@@ -149,13 +149,26 @@ def checkpoint_hash(model_dir: str) -> dict:
     return digests
 
 
+#: rows quantized per block (:func:`quantize_rows`): the block's temporaries stay in cache
+QUANT_ROWS = 4096
+
+
 def quantize_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row int8: ``(int8 data, fp32 scales)`` with ``data * scale ~= arr``."""
+    """Symmetric per-row int8: ``(int8 data, fp32 scales)`` with ``data * scale ~= arr``.
+
+    Computed :data:`QUANT_ROWS` rows at a time into the result (the 151936 x 2048 text table: ~3x faster
+    than whole-array numpy, whose five 1.2 GB temporaries left the cache)."""
     arr = np.asarray(arr, dtype=np.float32)
-    absmax = np.abs(arr).max(axis=-1)
-    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
-    data = np.clip(np.rint(arr / scale[..., None]), -127, 127).astype(np.int8)
-    return data, scale
+    rows = arr.reshape(-1, arr.shape[-1])
+    data, scale = np.empty(rows.shape, np.int8), np.empty(len(rows), np.float32)
+    for lo in range(0, len(rows), QUANT_ROWS):
+        block = rows[lo : lo + QUANT_ROWS]
+        absmax = np.abs(block).max(axis=-1)
+        s = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+        q = np.divide(block, s[:, None])
+        np.clip(np.rint(q, out=q), -127, 127, out=q)
+        data[lo : lo + QUANT_ROWS], scale[lo : lo + QUANT_ROWS] = q, s
+    return data.reshape(arr.shape), scale.reshape(arr.shape[:-1])
 
 
 def save_table(path: str, arr: np.ndarray, storage: str) -> None:
