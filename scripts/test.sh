@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+T0=$(date +%s)
+phase() { echo "scripts/test.sh: $1 after $(( $(date +%s) - T0 )) s" >&2; }  # where CI's minutes go
 
 # -- prerequisites, checked before anything is downloaded --------------------------------------
 die() { echo "scripts/test.sh: $*" >&2; exit 2; }
@@ -83,6 +85,7 @@ $VPY -m qtts kernels build || die "the optional kernels did not build (above); t
 # in one pip run; --no-deps: qwen-tts's declared deps (sox, torchaudio, gradio, onnxruntime pins) are
 # not needed on the 12 Hz path (see tests/support/official.py), and qwen-asr pins transformers 4.57.6.
 $VPY -m pip install -q --no-deps qwen-tts==0.1.1 qwen-asr==0.0.6
+phase ".venv ready"
 for i in "${!bg_pids[@]}"; do
   if ! wait "${bg_pids[$i]}"; then
     tail -n 40 "$LOGS/${bg_names[$i]}.log" >&2
@@ -91,9 +94,11 @@ for i in "${!bg_pids[@]}"; do
   grep -E "^(setting up|rknn-toolkit2 ready|executorch ready|adding)" "$LOGS/${bg_names[$i]}.log" >&2 || true
 done
 rm -rf "$LOGS"
+phase "the RKNN and ExecuTorch environments ready"
 
 # -- lint, then the suite ---------------------------------------------------------------------
 $VPY -m ruff check -q src tests scripts benchmarks examples || die "ruff check failed (above); '.venv/bin/ruff check --fix' mends most"
+phase "lint passed; the suite starts"
 # Two worker processes, one test file each at a time (pytest-xdist --dist loadfile: module
 # fixtures such as a file's exported bundle stay in one process), handed out in collection order
 # (--no-loadscope-reorder: tests/conftest.py collects the longest modules first, LONGEST_FIRST). 1101 tests took 674 s this way
