@@ -99,8 +99,8 @@ class UnitNorm(nn.Module):
 
 def _k_rows(rot: HadamardRotation, v: torch.Tensor) -> torch.Tensor:
     """``K v`` in float64 for ``v [n, c]``, ``K = I_m (x) H_a (x) H_b`` the rotation without its signs,
-    as two small contractions per ``[a, b]`` block (``2 n sqrt(p)`` multiply-adds per column instead of
-    the dense matrix's ``n^2``: the rotated export of a full-size model in seconds, not a minute)."""
+    as two small contractions per ``[a, b]`` block: ``2 n sqrt(p)`` multiply-adds per column instead of
+    the dense matrix's ``n^2`` (the first-start build's time: docs/history/performance.md)."""
     a, b = rot.ha.shape[0], rot.hb.shape[0]
     x = torch.einsum("ij,mjbc->mibc", rot.ha.double(), v.reshape(rot.m, a, b, -1))
     return torch.einsum("kl,milc->mikc", rot.hb.double(), x).reshape(v.shape)
