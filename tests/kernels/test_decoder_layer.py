@@ -17,24 +17,15 @@ import pytest
 
 from qtts import kernels
 from qtts.kernels import layer, selftest
+from support.kernel_fixtures import kernel_fixtures
+
+lib, _kernels_on = kernel_fixtures()
 
 #: (T, P): a step and the first pass, with and without cached positions
 CASES = [(1, 0), (1, 5), (2, 0), (2, 3)]
 #: the default small shapes (H 256, heads 4, kvh 2, D 64, I 512 = 4 x 16 x 8), and odd ones: 3 blocks
 #: per row (a 16-chunk step wraps mid-row), 6 heads over 3 kv heads, I = 24 x 4 x 8
 SHAPES = {"small": {}, "odd": dict(h=384, heads=6, kvh=3, d=64, i=768, a=4, b=8)}
-
-
-@pytest.fixture(scope="module")
-def lib() -> str:
-    result = kernels.build()
-    assert result.path is not None, f"the kernel library did not build: {result.reason}"
-    return result.path
-
-
-@pytest.fixture(autouse=True)
-def _kernels_on(monkeypatch):
-    monkeypatch.setenv(kernels.ENV, "1")
 
 
 @pytest.fixture

@@ -17,19 +17,9 @@ import pytest
 
 from qtts import kernels
 from qtts.kernels import selftest
+from support.kernel_fixtures import kernel_fixtures
 
-
-@pytest.fixture(scope="module")
-def lib() -> str:
-    result = kernels.build()
-    assert result.path is not None, f"the kernel library did not build: {result.reason}"
-    return result.path
-
-
-@pytest.fixture(autouse=True)
-def _kernels_on(monkeypatch):
-    """These tests are about the library: on, also when the suite runs with QTTS_KERNELS=0."""
-    monkeypatch.setenv(kernels.ENV, "1")
+lib, _kernels_on = kernel_fixtures()
 
 
 def _kernel(path: str):
