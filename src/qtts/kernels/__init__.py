@@ -150,14 +150,14 @@ def set_layer_threads(n: int) -> int | None:
     path = library()
     if path is None:
         return None
-    lib = ctypes.CDLL(path)  # also qtts.kernels.layer.set_threads (tests, probes)
+    from .layer import set_spin_us, set_threads
+
     spin = os.environ.get(LAYER_SPIN_ENV, "").strip() or str(LAYER_SPIN_DEFAULT_US)
     if not spin.isdigit():
         raise InputError(f"{LAYER_SPIN_ENV}={spin!r} is not a whole number of microseconds; set it to 0 "
                          f"(no spinning) or a bound such as {LAYER_SPIN_DEFAULT_US}, or unset it")  # fmt: skip
-    lib.qtts_layer_spin_us(ctypes.c_int(min(int(spin), 1000000)))
-    lib.qtts_layer_threads.restype, lib.qtts_layer_threads.argtypes = ctypes.c_int, [ctypes.c_int]
-    return int(lib.qtts_layer_threads(int(n)))
+    set_spin_us(path, min(int(spin), 1000000))
+    return set_threads(path, n)
 
 
 def isa(path: str) -> str:

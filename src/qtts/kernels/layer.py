@@ -31,9 +31,9 @@ def _lib(path: str):
     lib.qtts_decoder_layer_dims.argtypes = [p, p, p, size]
     lib.qtts_decoder_layer.argtypes = [p, p, p, cstr, p, size]
     lib.qtts_gemv_q8.argtypes = [p, size, size, p, p, size, p, cstr]
-    lib.qtts_layer_threads.argtypes = [ctypes.c_int]
+    lib.qtts_layer_threads.argtypes = lib.qtts_layer_spin_us.argtypes = [ctypes.c_int]
     lib.qtts_layer_isa.restype = cstr
-    for name in ("qtts_decoder_layer_dims", "qtts_decoder_layer", "qtts_gemv_q8", "qtts_layer_threads"):
+    for name in ("qtts_decoder_layer_dims", "qtts_decoder_layer", "qtts_gemv_q8", "qtts_layer_threads", "qtts_layer_spin_us"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -42,6 +42,12 @@ def set_threads(path: str, n: int) -> int:
     """The op's threads in this process (the calling thread included; 1: no workers); n <= 0 only
     asks. Returns the count in force."""
     return int(_lib(path).qtts_layer_threads(int(n)))
+
+
+def set_spin_us(path: str, us: int) -> int:
+    """How long (us) the op's idle threads spin before they block, capped at 1 s; us < 0 only asks.
+    Returns the bound in force."""
+    return int(_lib(path).qtts_layer_spin_us(int(us)))
 
 
 def isa(path: str) -> str:
