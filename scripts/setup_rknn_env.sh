@@ -15,14 +15,16 @@ fi
 echo "setting up the RKNN converter environment in $VENV (once; ~1.5 GB)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"
-$VPY -m pip install -q -U pip wheel
-$VPY -m pip install -q "numpy==1.26.4" "onnx==1.18.0" onnxruntime "protobuf>=4.21.6,<=4.25.4" \
+source scripts/pyinstall.sh  # pyinstall: uv where it can be had, else pip
+# not byte-compiled whole (~20 s of CPU): the ready check below compiles what the converter imports
+export PYINSTALL_COMPILE=0
+pyinstall $VPY "numpy==1.26.4" "onnx==1.18.0" onnxruntime "protobuf>=4.21.6,<=4.25.4" \
   psutil ruamel.yaml scipy tqdm opencv-python-headless fast-histogram
-$VPY -m pip install -q torch==2.13.0     # imported by the toolkit at load; local CPU wheel here
-$VPY -m pip install -q "setuptools<81"   # torch pulls a setuptools without pkg_resources, which RKNN() needs
+pyinstall $VPY torch==2.13.0     # imported by the toolkit at load; local CPU wheel here
+pyinstall $VPY "setuptools<81"   # torch pulls a setuptools without pkg_resources, which RKNN() needs
 # The toolkit declares torch<=2.4 / opencv-python; it works with torch 2.13 and the headless OpenCV.
 # Installed last and --no-deps: pip checks declared requirements only of what it installs with
 # dependencies, so no later step prints a harmless "ERROR: ... incompatible" about the toolkit.
-$VPY -m pip install -q --no-deps rknn-toolkit2==2.5.0
-$VPY -c "from rknn.api import RKNN; import numpy, onnx; print('rknn-toolkit2 ready: numpy', numpy.__version__, 'onnx', onnx.__version__)" >&2
+pyinstall $VPY --no-deps rknn-toolkit2==2.5.0
+PYTHONDONTWRITEBYTECODE= $VPY -c "from rknn.api import RKNN; import numpy, onnx, onnxruntime; print('rknn-toolkit2 ready: numpy', numpy.__version__, 'onnx', onnx.__version__)" >&2
 touch "$STAMP"

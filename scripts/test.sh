@@ -66,9 +66,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-$VPY -m pip install -q -U pip wheel
-# torch: the local CPU wheel on the project machines (one pip run with the extras: one resolution)
-$VPY -m pip install -q torch==2.13.0 -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer,ray]"
+source scripts/pyinstall.sh  # pyinstall: uv where it can be had, else pip
+# torch: the local CPU wheel on the project machines (one install with the extras: one resolution)
+pyinstall $VPY torch==2.13.0 -e ".[torch,export,serve,wyoming,hub,plot,reference,dev,qnn,peer,ray]"
 # The web-page test drives Debian's Chromium through Playwright (never 'playwright install').
 if [ $need_chromium = 1 ]; then
   echo "scripts/test.sh: installing Debian's chromium (apt-get, as root) for the web-page tests" >&2
@@ -82,9 +82,9 @@ fi
 # them fails here with its own message rather than in the middle of the suite.
 $VPY -m qtts kernels build || die "the optional kernels did not build (above); the tests need them"
 # The official package, for parity tests, and the official forced aligner (tests/parity/test_aligner*.py),
-# in one pip run; --no-deps: qwen-tts's declared deps (sox, torchaudio, gradio, onnxruntime pins) are
+# in one install; --no-deps: qwen-tts's declared deps (sox, torchaudio, gradio, onnxruntime pins) are
 # not needed on the 12 Hz path (see tests/support/official.py), and qwen-asr pins transformers 4.57.6.
-$VPY -m pip install -q --no-deps qwen-tts==0.1.1 qwen-asr==0.0.6
+pyinstall $VPY --no-deps qwen-tts==0.1.1 qwen-asr==0.0.6
 phase ".venv ready"
 for i in "${!bg_pids[@]}"; do
   if ! wait "${bg_pids[$i]}"; then
