@@ -1,14 +1,14 @@
 # Sourced by scripts/test.sh and the setup_*_env.sh scripts: `pyinstall PYTHON ARGS...` installs pip
 # requirement ARGS into PYTHON's virtual environment with uv (installed into that environment first,
 # from PyPI through pip), which resolves and unpacks in parallel and links from its cache: a clean
-# .venv took ~95 s with pip and ~12 s this way on the 2-core VM (docs/testing.md). Where uv cannot be
+# .venv took ~95 s with pip, 24 s this way byte-compiled, 12 s not, on the 2-core VM (docs/testing.md). Where uv cannot be
 # had, pip does the same install. uv reads no pip configuration, so pip's own (find-links, index
 # URLs, constraints: `pip config list` and PIP_* variables) is handed to it as flags, and
 # --index-strategy unsafe-best-match picks the newest release over every index as pip does.
 # uv byte-compiles the installed modules (as pip does) unless PYINSTALL_COMPILE=0: the side
 # environments set that and compile only what their runs import, by importing it once (the setup
-# scripts' ready checks). Where PYTHONDONTWRITEBYTECODE is set (it is on the project machines),
-# every process would otherwise compile torch's modules again (~3 s an import of torch and qtts).
+# scripts' ready checks). Where PYTHONDONTWRITEBYTECODE is set (it is in this project's sessions),
+# every process would otherwise compile what it imports again (+3 s an import of torch and qtts).
 UV_VERSION=0.13.9
 
 pip_config_flags() {  # pip_config_flags PYTHON: pip's find-links / index / constraint settings as uv flags

@@ -4,7 +4,7 @@
 # run them (scripts/test.sh calls this) and benchmarks/executorch_row.py. Separate from .venv because
 # executorch pulls ~1.5 GB (torchao, coremltools, pandas, ...). Idempotent: a stamp file makes a
 # second run a fast no-op.
-#   bash scripts/setup_executorch_env.sh          # ~30 s with uv (scripts/pyinstall.sh), 70 s with pip, idle 2-core VM
+#   bash scripts/setup_executorch_env.sh          # < 30 s with uv (scripts/pyinstall.sh), 70 s with pip, idle 2-core VM
 #   ET_VENV=/path bash scripts/setup_executorch_env.sh
 #   ET_OFFICIAL=1 bash scripts/setup_executorch_env.sh   # also the official qwen-tts 0.1.1 (+ its
 #       reference deps), so that `qtts bench --compare-official` runs in the same process and run as
