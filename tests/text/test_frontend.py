@@ -240,3 +240,24 @@ def test_pack_sentences_packs_whole_sentences(text, max_chars):
     assert all(len(_squash("".join(pieces[: i + 1]))) in ends for i in range(len(pieces)))
     if len(text.strip()) <= max_chars:
         assert pieces == [text.strip()]
+
+
+def test_a_directory_loads_once_until_its_files_change(tmp_path):
+    """from_dir hands back the instance it built for the same files and regex; a rewritten
+    tokenizer_config.json or a "#version" merges header (as in HF snapshots) builds anew, with
+    the same ids as the plain files."""
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(TOK_DIR / name, tmp_path / name)
+    first = TextTokenizer.from_dir(str(tmp_path))
+    assert TextTokenizer.from_dir(str(tmp_path)) is first
+    assert TextTokenizer.from_dir(str(tmp_path), regex="fixed") is not first
+    merges = tmp_path / "merges.txt"
+    merges.write_text("#version: 0.2\n" + merges.read_text(encoding="utf-8"), encoding="utf-8")
+    again = TextTokenizer.from_dir(str(tmp_path))
+    assert again is not first and [again.encode(line) for line in corpus()] == [first.encode(line) for line in corpus()]
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    idx, spec = next(iter(cfg["added_tokens_decoder"].items()))
+    cfg["added_tokens_decoder"][str(int(idx) + 1)] = cfg["added_tokens_decoder"].pop(idx)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    with pytest.raises(ConfigError, match="added token"):  # the changed file is read, not the kept one
+        TextTokenizer.from_dir(str(tmp_path))
