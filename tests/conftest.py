@@ -72,6 +72,8 @@ import tempfile
 
 import pytest
 
+from support.http_clients import share_default_context
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_ROOTS = (os.path.join(REPO_ROOT, "tests", "data", "reference"), os.path.join(REPO_ROOT, "src", "qtts", "data"))
 REAL_TOKENIZER_DIR = os.path.join(REFERENCE_ROOTS[0], "configs", "text-tokenizer-qwen2")
@@ -80,6 +82,7 @@ _CACHE = tempfile.mkdtemp(prefix="qtts-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, True)
 os.environ["QTTS_CACHE"] = _CACHE
 os.environ.setdefault("QTTS_PLAN", "torch")
+share_default_context()  # httpx: one CA bundle load per process, not one per client (support/http_clients.py)
 
 
 #: The modules that take longest (each 40-170 s of one worker's time under CI's two workers), longest
