@@ -10,10 +10,7 @@ to httpx unchanged. An SSLContext may be shared by many connections and threads.
 
 from __future__ import annotations
 
-import logging
 import threading
-
-log = logging.getLogger(__name__)
 
 
 def share_default_context() -> bool:
