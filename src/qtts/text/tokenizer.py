@@ -136,8 +136,8 @@ class TextTokenizer:
     """Text -> Qwen2 token ids, equal to the official processor's tokenizer.
 
     Immutable once built: :meth:`from_dir` hands every caller in a process the same instance for
-    the same unchanged files (building the 151k-entry BPE costs ~0.3 s; a server or a test run
-    loads the same snapshot many times)."""
+    the same unchanged files (building the 151k-entry BPE is the slow part of a load, and a server
+    or a test run loads the same snapshot many times)."""
 
     def __init__(self, tokenizer, regex: str = "qwen2", source: str | None = None):
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer
