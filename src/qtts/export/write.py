@@ -42,9 +42,36 @@ def quiet_export():
         log.debug("export: %s: %s", w.category.__name__, w.message)
 
 
+#: set to 1 to keep torch's IR self-checks during export (:func:`without_ir_lint`), e.g. to report a torch bug
+LINT_ENV = "QTTS_EXPORT_LINT"
+_LINT: dict = {}  # torch's own _jit_pass_lint, saved before the first swap
+
+
+def _skip_lint(graph) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def without_ir_lint(torch):
+    """Skip torch's TorchScript IR self-check (``torch._C._jit_pass_lint``) inside.
+
+    The TorchScript exporter runs it ten times per graph; it only asserts the IR's invariants and
+    changes nothing (the same bytes out: tests/export/test_write_lint.py), yet it is a large part of
+    a small graph's export time. ``QTTS_EXPORT_LINT=1`` keeps it."""
+    real = _LINT.setdefault("pass", getattr(torch._C, "_jit_pass_lint", None))
+    if real is None or os.environ.get(LINT_ENV, "") not in ("", "0"):
+        yield
+        return
+    torch._C._jit_pass_lint = _skip_lint
+    try:
+        yield
+    finally:  # a concurrent export still inside merely runs the checks again
+        torch._C._jit_pass_lint = real
+
+
 def _torch_export(module, args: tuple, path: str, inputs, outputs, dynamic_axes=None, contrib=False) -> None:
     torch = require("torch", "export", "ONNX export")
-    with torch.no_grad(), quiet_export():
+    with torch.no_grad(), quiet_export(), without_ir_lint(torch):
         torch.onnx.export(
             module, args, path, opset_version=OPSET, dynamo=False, do_constant_folding=True,
             input_names=list(inputs), output_names=list(outputs), dynamic_axes=dynamic_axes or {},
