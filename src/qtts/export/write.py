@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 
 import numpy as np
@@ -56,7 +57,7 @@ def without_ir_lint(torch):
     """Skip torch's TorchScript IR self-check (``torch._C._jit_pass_lint``) inside.
 
     The TorchScript exporter runs it ten times per graph; it only asserts the IR's invariants and
-    changes nothing (the same bytes out: tests/export/test_write_lint.py), yet it is a large part of
+    changes nothing (the same bytes out: tests/export/test_torch_export.py), yet it is a large part of
     a small graph's export time. ``QTTS_EXPORT_LINT=1`` keeps it."""
     real = _LINT.setdefault("pass", getattr(torch._C, "_jit_pass_lint", None))
     if real is None or os.environ.get(LINT_ENV, "") not in ("", "0"):
@@ -69,14 +70,41 @@ def without_ir_lint(torch):
         torch._C._jit_pass_lint = real
 
 
+def in_fresh_thread(fn):
+    """``fn()`` run in a new thread (its result returned, its exception raised here).
+
+    torch's tracer records the whole Python stack of every node it traces; from a new thread that
+    stack is the export's own frames only, not the caller's (a test runner, a server): a deep caller
+    made each traced node dearer (tests/export/test_torch_export.py)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as is
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name="qtts-onnx-export")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
 def _torch_export(module, args: tuple, path: str, inputs, outputs, dynamic_axes=None, contrib=False) -> None:
     torch = require("torch", "export", "ONNX export")
-    with torch.no_grad(), quiet_export(), without_ir_lint(torch):
-        torch.onnx.export(
-            module, args, path, opset_version=OPSET, dynamo=False, do_constant_folding=True,
-            input_names=list(inputs), output_names=list(outputs), dynamic_axes=dynamic_axes or {},
-            custom_opsets={"com.microsoft": 1} if contrib else None,
-        )  # fmt: skip
+
+    def export() -> None:
+        with torch.no_grad():  # grad mode is per thread
+            torch.onnx.export(
+                module, args, path, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+                input_names=list(inputs), output_names=list(outputs), dynamic_axes=dynamic_axes or {},
+                custom_opsets={"com.microsoft": 1} if contrib else None,
+            )  # fmt: skip
+
+    with quiet_export(), without_ir_lint(torch):
+        in_fresh_thread(export)
 
 
 def export_graph(module, args: tuple, path: str, inputs: list, outputs: list, dynamic_axes: dict,

@@ -1,6 +1,10 @@
-"""The exporter skips torch's IR self-check (``_jit_pass_lint``): same bytes, restored after, opt-out."""
+"""How qtts runs torch's ONNX exporter: without its IR self-check (``_jit_pass_lint``: same bytes,
+restored after, opt-out) and in a fresh thread (the tracer records the Python stack of every node)."""
 
+import functools
+import inspect
 import os
+import threading
 
 import pytest
 
@@ -70,3 +74,45 @@ def test_the_env_keeps_the_lint_in_place(value, monkeypatch, counted_lint):
     lint = torch._C._jit_pass_lint
     with write.without_ir_lint(torch):
         assert torch._C._jit_pass_lint is lint
+
+
+def test_in_fresh_thread_returns_and_raises_in_the_caller():
+    caller = threading.get_ident()
+    assert write.in_fresh_thread(lambda: threading.get_ident()) != caller
+    assert write.in_fresh_thread(lambda: 42) == 42
+    error = ValueError("from the worker")
+
+    def fail():
+        raise error
+
+    with pytest.raises(ValueError) as info:
+        write.in_fresh_thread(fail)
+    assert info.value is error
+
+
+class _StackDepth(torch.nn.Module):
+    """Records how deep the Python stack is while torch traces it."""
+
+    def __init__(self):
+        super().__init__()
+        self.depths = []
+
+    def forward(self, x):
+        self.depths.append(len(inspect.stack(0)))
+        return x * 2 + 1
+
+
+def _at_depth(n: int, fn):
+    return fn() if n == 0 else _at_depth(n - 1, fn)
+
+
+def test_the_tracer_sees_the_same_stack_from_any_caller_depth(tmp_path):
+    """The caller's frames are not in the stack the tracer walks for each node."""
+    module, args = _StackDepth(), (torch.zeros(2, 3),)
+    for depth, name in ((0, "shallow"), (150, "deep")):
+        _at_depth(depth, functools.partial(write.export_graph, module, args, str(tmp_path / f"{name}.onnx"),
+                                           ["x"], ["y"], {}))  # fmt: skip
+    assert len(module.depths) >= 2 and len(set(module.depths)) == 1, module.depths
+    assert module.depths[0] < 150
+    files = _files(str(tmp_path))
+    assert files["shallow.onnx"] == files["deep.onnx"]
