@@ -234,6 +234,30 @@ def mid_snapshot(run_shared):
 
 
 @pytest.fixture(scope="session")
+def tiny_default_cache(tiny_snapshot, run_shared):
+    """A ``QTTS_CACHE`` root holding the tiny CustomVoice checkpoint's default plan, built once per run
+    the way a user's first load builds it: ``qtts.load`` with no plan (its build child, the real
+    exporter). Shared by the run's workers: copy it (:func:`copy_cache`) before using it."""
+
+    def build(out: str) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("QTTS_CACHE", out)
+            for name in ("QTTS_PLAN", "QTTS_TEST_EXPORTER", "QTTS_NO_BUILD"):
+                mp.delenv(name, raising=False)
+            qtts.load(tiny_snapshot(kind="custom_voice"), threads=1).close()
+
+    import qtts
+
+    return run_shared("cache-default-tiny-custom_voice", build)
+
+
+def copy_cache(seed: str, root: str) -> str:
+    """A private copy of a shared cache root (the plans only: kernels are built per root)."""
+    shutil.copytree(os.path.join(seed, "bundles"), os.path.join(root, "bundles"))
+    return root
+
+
+@pytest.fixture(scope="session")
 def snapshot(tiny_snapshot):
     """The tiny CustomVoice snapshot (real tokenizer, seed 0): the default checkpoint of module tests."""
     return tiny_snapshot(kind="custom_voice")

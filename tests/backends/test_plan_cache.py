@@ -19,7 +19,7 @@ import time
 import pytest
 
 import qtts
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, copy_cache
 from qtts.cli import main as qtts_main
 from qtts.errors import InputError, QttsError
 from qtts.plans import cache
@@ -43,11 +43,12 @@ BLOCK_TORCH = (
 
 
 @pytest.fixture(scope="module")
-def built(tiny_snapshot, tmp_path_factory):
+def built(tiny_snapshot, tiny_default_cache, tmp_path_factory):
     """(snapshot, cache root, plan.json): the default plan of the tiny CustomVoice checkpoint, built by a
-    load (the real child process and exporter, end to end)."""
+    load (the real child process and exporter, end to end: conftest's ``tiny_default_cache``), in a
+    cache of this module's own that a load here finds."""
     snapshot = tiny_snapshot(kind="custom_voice")
-    root = str(tmp_path_factory.mktemp("plan-cache"))
+    root = copy_cache(tiny_default_cache, str(tmp_path_factory.mktemp("plan-cache")))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QTTS_CACHE", root)
         mp.delenv("QTTS_PLAN", raising=False)

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, copy_cache
 
 SRC = os.path.join(REPO_ROOT, "src")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 50
@@ -312,18 +312,17 @@ def _trace(snapshot: str, **env: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def default_plan_cache(tiny_snapshot, tmp_path_factory):
-    """(snapshot, cache root): the tiny CustomVoice checkpoint's default (``fast``) plan and the kernel
-    library built into a fresh ``QTTS_CACHE`` by ``qtts cache build`` and ``qtts kernels build``."""
+def default_plan_cache(tiny_snapshot, tiny_default_cache, tmp_path_factory):
+    """(snapshot, cache root): the tiny CustomVoice checkpoint's default (``fast``) plan (built by a first
+    load: conftest's ``tiny_default_cache``) and the kernel library ``qtts kernels build`` puts in a
+    fresh ``QTTS_CACHE``."""
     import subprocess
     import sys
 
     snapshot = tiny_snapshot(kind="custom_voice")
-    root = str(tmp_path_factory.mktemp("default-plan-cache"))
-    build = ("import sys; from qtts.cli import main; "
-             "sys.exit(main(['cache', 'build', '-m', sys.argv[1]]) or main(['kernels', 'build']))")  # fmt: skip
+    root = copy_cache(tiny_default_cache, str(tmp_path_factory.mktemp("default-plan-cache")))
     env = {k: v for k, v in os.environ.items() if k not in ("QTTS_PLAN", "QTTS_KERNELS")}
-    subprocess.run([sys.executable, "-c", build, snapshot], capture_output=True, text=True, check=True,
+    subprocess.run([sys.executable, "-m", "qtts", "kernels", "build"], capture_output=True, text=True, check=True,
                    env=dict(env, PYTHONPATH=SRC, QTTS_CACHE=root), timeout=600)  # fmt: skip
     return snapshot, root
 
