@@ -84,7 +84,9 @@ def in_fresh_thread(fn):
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as is
             result["error"] = exc
 
-    worker = threading.Thread(target=run, name="qtts-onnx-export")
+    # daemon: Ctrl-C in the caller ends the process without waiting for the graph (nothing is published
+    # half-written: every file goes through a temp name)
+    worker = threading.Thread(target=run, name="qtts-onnx-export", daemon=True)
     worker.start()
     worker.join()
     if "error" in result:
