@@ -240,13 +240,13 @@ def tiny_default_cache(tiny_snapshot, run_shared):
     exporter). Shared by the run's workers: copy it (:func:`copy_cache`) before using it."""
 
     def build(out: str) -> None:
+        import qtts
+
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("QTTS_CACHE", out)
             for name in ("QTTS_PLAN", "QTTS_TEST_EXPORTER", "QTTS_NO_BUILD"):
                 mp.delenv(name, raising=False)
             qtts.load(tiny_snapshot(kind="custom_voice"), threads=1).close()
-
-    import qtts
 
     return run_shared("cache-default-tiny-custom_voice", build)
 
