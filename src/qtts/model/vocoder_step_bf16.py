@@ -55,7 +55,12 @@ class RowConv:
     768 x 768 x 7 weight, measured with torch 2.13's oneDNN). So a call with ``pack=True`` uses
     weights packed for exactly its width (packed on the first such call, at most
     :data:`MAX_PACKS` widths: the first frame's step and the main step), and every other call the
-    bf16 weights through ``F.conv1d`` (cast from fp32 per call; oneDNN reorders them fast)."""
+    bf16 weights through ``F.conv1d`` (cast from fp32 per call; oneDNN reorders them fast).
+
+    Packed and plain calls agree bit for bit where oneDNN runs both on AMX (the Intel Xeon VM); with
+    AVX512-BF16 alone (AMD Zen 4) their kernels sum in other orders and ~0.05 % of the outputs land
+    on the neighbouring bf16 value. A given width always takes the same path, so a decode's bits
+    never depend on what ran before it."""
 
     def __init__(self, weight, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
         """``weight``: the fp32 ``[cout, cin, k]`` tensor, or a function returning it (computed when
@@ -94,13 +99,16 @@ class RowConv:
 
 class BF16Linear(nn.Module):
     """``nn.Linear`` in bf16: fp32 in and out, the matmul on bf16 weights, packed by oneDNN for the
-    row counts of :data:`MAX_PACKS` calls (the same bits as the plain bf16 ``F.linear``, faster)."""
+    row counts in ``pack_rows`` (declared by the steps that pack: :meth:`VocoderStepBF16.__init__`),
+    plain bf16 ``F.linear`` at any other count. Declared, not first-come: which calls run packed
+    never depends on the order requests arrived in (the bits can differ without AMX: :class:`RowConv`)."""
 
     def __init__(self, linear: nn.Linear, packed: bool = True):
         super().__init__()
         self._fp32 = (linear.weight,)  # the source (not a parameter of this module): cast when needed
         self.bias = None if linear.bias is None else linear.bias.detach().to(BF16).contiguous()
         self.can_pack = bool(packed and onednn_bf16())
+        self.pack_rows: set[int] = set()
         self.packs: dict[int, torch.Tensor] = {}
 
     def weight(self) -> torch.Tensor:
@@ -109,8 +117,8 @@ class BF16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(BF16)
         n = int(rows.shape[0])
-        if self.can_pack and n not in self.packs and len(self.packs) < MAX_PACKS:
-            self.packs[n] = torch.ops.mkldnn._reorder_linear_weight(self.weight(), n)
+        if self.can_pack and n in self.pack_rows and n not in self.packs:
+            self.packs[n] = torch.ops.mkldnn._reorder_linear_weight(self.weight(), n)  # racing threads: equal packs
         packed = self.packs.get(n) if self.can_pack else None
         if packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, packed, self.bias, "none", [], "")
@@ -158,6 +166,10 @@ class VocoderStepBF16(VocoderStep):
         self.row_convs = convs if convs is not None else self._row_convs(decoder, packed)
         shared = getattr(like, "_bf16_transformer", None) if isinstance(like, VocoderStepBF16) else None
         self._bf16_transformer = shared or (bf16_linears(decoder.pre_transformer, packed),)  # not a submodule
+        if self.pack:  # the pre-transformer runs on one row per frame
+            for m in self._bf16_transformer[0].modules():
+                if isinstance(m, BF16Linear):
+                    m.pack_rows.add(int(codes_length))
         mats = getattr(like, "upsample_mats", None) if isinstance(like, VocoderStepBF16) else None
         self.upsample_mats = mats if mats is not None else self._upsample_mats(decoder)
 
