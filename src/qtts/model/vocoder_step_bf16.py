@@ -59,8 +59,9 @@ class RowConv:
 
     Packed and plain calls agree bit for bit where oneDNN runs both on AMX (the Intel Xeon VM); with
     AVX512-BF16 alone (AMD Zen 4) their kernels sum in other orders and ~0.05 % of the outputs land
-    on the neighbouring bf16 value. A given width always takes the same path, so a decode's bits
-    never depend on what ran before it."""
+    on the neighbouring bf16 value. Only the steps built with ``pack=True`` pack (TorchVocoder: the
+    first frame's and the main one, at most :data:`MAX_PACKS` widths), so a width always takes the
+    same path and a decode's bits never depend on what ran before it."""
 
     def __init__(self, weight, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
         """``weight``: the fp32 ``[cout, cin, k]`` tensor, or a function returning it (computed when
