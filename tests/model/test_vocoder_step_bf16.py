@@ -6,12 +6,13 @@ widths, 1536 -> 96 channels, one transformer layer, random weights built in memo
 * the polyphase convolution equals the transposed convolution (fp32, to rounding);
 * a packed oneDNN convolution and the plain bf16 ``F.conv1d`` are each the exact convolution rounded
   to bf16 (up to fp32 sums; bit for bit equal on AMX, not with AVX512-BF16 alone), long and short
-  calls; the pre-transformer's linears pack only the row counts the packing steps declare;
+  calls; every chunk a vocoder decodes runs packed steps only (8, 4, 2, 1 frames); the
+  pre-transformer's linears pack only the row counts the packing steps declare;
 * the fused SnakeBeta kernel: its AVX-512 and plain-C paths give the same bits, and it is within
   one bf16 rounding step of the torch ops (``sin`` differs in the last fp32 bits);
-* streamed (1 frame, then 8) == one offline step over all frames of the same precision, within a
-  bound; the bf16 step against the fp32 step above a bound (the bf16 bar at full size is 26.8 dB
-  and this step 31.6 dB there: docs/fidelity.md).
+* streamed (1 frame, then 8, the remainder as 4 + 2 + 1) == one offline step over all frames of
+  the same precision, within a bound; the bf16 step against the fp32 step above a bound (the bf16
+  bar at full size is 26.8 dB and this step 31.6 dB there: docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ from qtts.audio.chunk import snr_db
 from qtts.backends.torch import TorchVocoder, step_decode
 from qtts.config import DecoderConfig, _from_dict
 from qtts.engine.stream import chunk_frames_at
+from qtts.errors import InputError
 from qtts.export.vocoder_bar import stream_decode
+from qtts.model import vocoder_step_bf16
 from qtts.model.vocoder import Decoder
 from qtts.model.vocoder_step import VocoderStep
 from qtts.model.vocoder_step_bf16 import (
     BF16,
-    MAX_PACKS,
     BF16Linear,
     RowConv,
     VocoderStepBF16,
     onednn_bf16,
     polyphase,
+    step_sizes,
 )
 from qtts.tools.random_checkpoint import speech_tokenizer_config_dict
 from qtts.tools.random_weights import Spec, _value
@@ -91,10 +94,12 @@ def _within_fp32_sums(y: torch.Tensor, x: torch.Tensor, conv) -> bool:
 
 
 @pytest.mark.skipif(not onednn_bf16(), reason="needs oneDNN bf16 (AVX512-BF16 or AMX)")
-def test_the_packed_conv_is_the_plain_bf16_conv_to_rounding(decoder):
-    """Packed for a width, plain at other widths and past MAX_PACKS: each the exact convolution
-    rounded to bf16 (up to fp32 sums), the two differing in a few outputs where oneDNN's kernels
-    sum in other orders (none on AMX; ~0.05 % on AVX512-BF16 alone); a packed width is deterministic."""
+def test_the_packed_conv_is_the_plain_bf16_conv_to_rounding(decoder, monkeypatch):
+    """Packed for a width, plain at other widths and past MAX_PACKS (2 here, to keep it short): each
+    the exact convolution rounded to bf16 (up to fp32 sums), the two differing in a few outputs where
+    oneDNN's kernels sum in other orders (none on AMX; ~0.05 % on AVX512-BF16 alone); a packed
+    width is deterministic."""
+    monkeypatch.setattr(vocoder_step_bf16, "MAX_PACKS", 2)
     conv = next(m for n, m in decoder.named_modules() if n.endswith("block.2.conv1.conv"))
     packed = RowConv(conv.weight, conv.bias, conv.dilation[0], packed=True)
     plain = RowConv(conv.weight, conv.bias, conv.dilation[0], packed=False)
@@ -106,7 +111,7 @@ def test_the_packed_conv_is_the_plain_bf16_conv_to_rounding(decoder):
         assert (a != c).float().mean() < 0.01
         if x.shape[0] in packed.packs:  # a packed width: a fresh pack gives the same bits
             assert torch.equal(RowConv(conv.weight, conv.bias, conv.dilation[0], packed=True)(x), a)
-    assert len(packed.packs) == MAX_PACKS and not plain.packs
+    assert len(packed.packs) == 2 and not plain.packs
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +156,16 @@ def decodes(decoder, kernel):
         key = (b, bf16)
         if key not in steps:
             like = next((s for (_, f), s in steps.items() if f == bf16), None)
-            # the bf16 steps pack as TorchVocoder's do: the first frame's and the main one
-            steps[key] = (VocoderStepBF16(decoder, b, like=like, snake=kernel, pack=b in (1, 8)) if bf16
+            # the bf16 steps pack as TorchVocoder's do: the convolutions for its sizes (8, 4, 2, 1),
+            # the linears for the first frame's step and the main one
+            steps[key] = (VocoderStepBF16(decoder, b, like=like, snake=kernel, pack=b in step_sizes(8),
+                                          pack_linears=b in (1, 8)) if bf16
                           else VocoderStep(decoder, b, like=like)).eval()  # fmt: skip
         return steps[key]
 
     t = torch.from_numpy(codes.T[None].copy())
-    first_then_8 = [1] + [8] * ((frames - 1) // 8) + ([(frames - 1) % 8] if (frames - 1) % 8 else [])
+    left = (frames - 1) % 8  # the remainder in the largest sizes that fit (3 = 2 + 1)
+    first_then_8 = [1] + [8] * ((frames - 1) // 8) + [b for b in step_sizes(8) if left & b]
     return {
         "fp32": step_decode(lambda b: step_for(b, False), t, [frames]),
         "bf16 offline": step_decode(step_for, t, [frames]),
@@ -182,12 +190,15 @@ def test_the_torch_vocoder_runs_the_bf16_step(decoder, decodes):
     assert np.array_equal(out, decodes["bf16 streamed"])
 
 
-def test_the_bf16_linears_pack_the_declared_steps_only(decoder):
-    """The product's chunks (1, 2, 4, 8, 8 frames: qtts.engine.stream.chunk_frames_at): only the
-    first frame's and the main step's row counts are packed (declared by those steps, not the first
-    two counts that came), and the same stream decodes to the same bits twice."""
+def test_every_chunk_runs_packed_steps_and_the_linears_pack_the_declared_ones(decoder):
+    """The product's chunks (1, 2, 4, 8, 8 frames: qtts.engine.stream.chunk_frames_at, then a last
+    one of 7) run steps of 8, 4, 2 and 1 frames only (7 = 4 + 2 + 1), every convolution on weights
+    packed for its width (an unpacked step cost ~2-4x a packed one: step_sizes); the linears pack
+    only the first frame's and the main step's row counts (declared by those steps, not the first
+    counts that came); the same stream decodes to the same bits twice."""
     voc = TorchVocoder(decoder, 8, precision="bf16")
-    codes = random_codes(23, seed=5)
+    assert voc.sizes == [8, 4, 2, 1]
+    codes = random_codes(30, seed=5)
 
     def decode():
         stream, pieces, i, k = voc.stream(), [], 0, 0
@@ -202,12 +213,14 @@ def test_the_bf16_linears_pack_the_declared_steps_only(decoder):
     linears = [m for s in voc._steps.values() for m in s.pre_transformer().modules() if isinstance(m, BF16Linear)]
     assert linears and all(m.pack_rows == {1, 8} for m in linears)
     assert all(set(m.packs) == ({1, 8} if m.can_pack else set()) for m in linears)
+    convs = voc._steps[8].row_convs.values()
+    assert all(len(c.packs) == (4 if c.can_pack else 0) for c in convs)
     assert np.array_equal(decode(), first)
+    with pytest.raises(InputError, match="main to 1 .. 128"):
+        TorchVocoder(decoder, 129, precision="bf16")
 
 
 def test_the_torch_vocoder_refuses_bad_precisions(decoder):
-    from qtts.errors import InputError
-
     with pytest.raises(InputError, match="valid: fp32, bf16"):
         TorchVocoder(decoder, 8, precision="int8")
     with pytest.raises(InputError, match="stack_streams"):

@@ -230,12 +230,15 @@ class TorchVocoder(StepVocoder):
         self._steps: dict = {}
         self._lock = threading.Lock()
         self._main = int(main)
+        from ..model.vocoder_step_bf16 import step_sizes
+
+        #: bf16: main and the powers of two below it, each packed (step_sizes: no slow unpacked step)
+        self.sizes = step_sizes(self._main) if precision == "bf16" else [self._main]
         probe = self.step(int(main))
         self.contract = StepContract(
             int(main), probe.cache_size, decoder.config.head_dim, probe.layout.kv_slots,
             probe.samples_per_frame, tuple(float(x) for x in probe.inv_freq()), decoder.config.num_quantizers,
         )  # fmt: skip
-        self.sizes = [int(main)]
 
     def step(self, size: int):
         """The :class:`~qtts.model.vocoder_step.VocoderStep` of ``size`` frames (built once)."""
@@ -250,8 +253,10 @@ class TorchVocoder(StepVocoder):
             from ..kernels import snake_rows
             from ..model.vocoder_step_bf16 import VocoderStepBF16
 
-            # weights packed for the first frame's step and the main one; remainders convert per call
-            return VocoderStepBF16(self.decoder, size, like=like, snake=snake_rows, pack=size in (1, self._main))
+            # the convolutions packed for every size a chunk decodes in (self.sizes), the
+            # pre-transformer's linears for the first frame's step and the main one
+            return VocoderStepBF16(self.decoder, size, like=like, snake=snake_rows, pack=size in self.sizes,
+                                   pack_linears=size in (1, self._main))
         from ..model.vocoder_step import VocoderStep
 
         return VocoderStep(self.decoder, size, like=like)

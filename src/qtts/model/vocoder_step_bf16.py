@@ -7,8 +7,9 @@ and cache layout, so one host drives either) whose decoder convolutions, 4.7 of 
 * activations are rows: ``[T, C]`` (time-major, channels contiguous), the layout oneDNN's
   bf16 convolutions (AMX, AVX512-BF16) compute in, so no tensor is reordered per call;
 * weights are cast to bf16 and packed once into oneDNN's blocked layout for the widths of the
-  steps that run most (:class:`RowConv`: the first frame's step and the main step); other steps
-  and torch without oneDNN run the same bf16 convolution through ``F.conv1d``;
+  steps a vocoder runs (:class:`RowConv`, :func:`step_sizes`: the main step and the powers of two
+  below it); steps built without packing and torch without oneDNN run the same bf16 convolution
+  through ``F.conv1d``;
 * a transposed convolution (kernel 2s, stride s) is a convolution of kernel 2 over
   ``[previous frame, frame]`` with ``s * out`` channels, output channel ``r * out + o`` being
   sample ``r`` of the frame: in rows its output *is* the upsampled signal, a free reshape;
@@ -34,12 +35,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from .vocoder import RESIDUAL_DILATIONS, Decoder
 from .vocoder_step import VocoderStep
 
 BF16 = torch.bfloat16
-#: input widths a convolution keeps packed weights for (:class:`RowConv`)
-MAX_PACKS = 2
+#: input widths a convolution keeps packed weights for (:class:`RowConv`): one per step size of
+#: :func:`step_sizes` (4 for the default main step of 8 frames, 8 for a main step of up to 128)
+MAX_PACKS = 8
+
+
+def step_sizes(main: int) -> list[int]:
+    """The bf16 steps a vocoder runs, largest first: ``main`` and the powers of two below it.
+
+    Every chunk then decodes in steps of these sizes (``main`` while it fits, then the largest that
+    fits: 7 frames = 4 + 2 + 1), each on weights packed for it. A step of any other size would run
+    oneDNN's bf16 convolutions on unpacked weights, reordered on every call: measured on the Zen 4
+    VM (docs/history/performance.md, 2026-12-06), a 2-frame step cost 413 ms of CPU and a 4-frame one
+    450 ms against 80 and 136 packed (240 for 8 frames), stalling a stream after its first frame and
+    at every utterance's last frames."""
+    main = int(main)
+    sizes = [main] + [1 << k for k in range(main.bit_length()) if (1 << k) < main]
+    if main < 1 or len(sizes) > MAX_PACKS:
+        raise InputError(f"a bf16 vocoder main step of {main} frames is not supported; "
+                         f"set the vocoder option main to 1 .. {1 << (MAX_PACKS - 1)} (the default is 8)")
+    return sorted(sizes, reverse=True)
 
 
 def onednn_bf16() -> bool:
@@ -54,14 +74,15 @@ class RowConv:
     at another are converted on every call, for some shapes by a generic reorder (~0.4 s for a
     768 x 768 x 7 weight, measured with torch 2.13's oneDNN). So a call with ``pack=True`` uses
     weights packed for exactly its width (packed on the first such call, at most
-    :data:`MAX_PACKS` widths: the first frame's step and the main step), and every other call the
-    bf16 weights through ``F.conv1d`` (cast from fp32 per call; oneDNN reorders them fast).
+    :data:`MAX_PACKS` widths: one per step size of :func:`step_sizes`), and every other call the
+    bf16 weights through ``F.conv1d`` (cast from fp32 per call and reordered: slow, for tests and
+    steps built with ``pack=False``).
 
     Packed and plain calls agree bit for bit where oneDNN runs both on AMX (the Intel Xeon VM); with
     AVX512-BF16 alone (AMD Zen 4) their kernels sum in other orders and ~0.05 % of the outputs land
-    on the neighbouring bf16 value. Only the steps built with ``pack=True`` pack (TorchVocoder: the
-    first frame's and the main one, at most :data:`MAX_PACKS` widths), so a width always takes the
-    same path and a decode's bits never depend on what ran before it."""
+    on the neighbouring bf16 value. Only the steps built with ``pack=True`` pack (TorchVocoder: those
+    of :func:`step_sizes`), so a width always takes the same path and a decode's bits never depend
+    on what ran before it."""
 
     def __init__(self, weight, bias: torch.Tensor | None, dilation: int = 1, packed: bool = True):
         """``weight``: the fp32 ``[cout, cin, k]`` tensor, or a function returning it (computed when
@@ -156,18 +177,21 @@ class VocoderStepBF16(VocoderStep):
     """:class:`VocoderStep` with the decoder's convolutions in bf16 (module docstring)."""
 
     def __init__(self, decoder: Decoder, codes_length: int, like: VocoderStep | None = None,
-                 packed: bool = True, snake=None, pack: bool = True):  # fmt: skip
+                 packed: bool = True, snake=None, pack: bool = True, pack_linears: bool | None = None):  # fmt: skip
         """``packed``: oneDNN-packed weights where available (False: ``F.conv1d``, for tests), and
-        ``pack``: for this step's widths (False: a step that runs rarely, the remainders);
+        ``pack``: the convolutions' for this step's widths (False: plain bf16 calls, slow);
+        ``pack_linears``: the pre-transformer's for this step's row count (None: as ``pack``; an
+        unpacked linear only casts its weights per call, ~10 ms, where a pack keeps a copy);
         ``snake``: a fused ``(rows, a, inv_b) -> bf16 rows`` (``qtts.kernels.rows.snake_rows``),
         None (or returning None): torch ops."""
         super().__init__(decoder, codes_length, like=like)
         self.snake_kernel, self.pack = snake, bool(pack)
+        pack_linears = self.pack if pack_linears is None else bool(pack_linears)
         convs = getattr(like, "row_convs", None) if isinstance(like, VocoderStepBF16) else None
         self.row_convs = convs if convs is not None else self._row_convs(decoder, packed)
         shared = getattr(like, "_bf16_transformer", None) if isinstance(like, VocoderStepBF16) else None
         self._bf16_transformer = shared or (bf16_linears(decoder.pre_transformer, packed),)  # not a submodule
-        if self.pack:  # the pre-transformer runs on one row per frame
+        if pack_linears:  # the pre-transformer runs on one row per frame
             for m in self._bf16_transformer[0].modules():
                 if isinstance(m, BF16Linear):
                     m.pack_rows.add(int(codes_length))
