@@ -260,22 +260,27 @@ def test_serve_refuses_a_model_that_cannot_load_before_serving(tiny_snapshot, tm
     assert words in _one_line(proc.stderr) and "serving on" not in proc.stdout
 
 
-def test_serve_ready_line_is_info_in_the_log_and_printed(tiny_snapshot, caplog, capsys):
+def test_serve_ready_line_is_info_in_the_log_and_printed(tiny_snapshot, caplog, capsys, monkeypatch):
     """The ready line is INFO (not WARNING) in the log; the user sees it on stdout beside
-    "serving on" (the CLI's root logger shows WARNING and up without -v)."""
+    "serving on" (the CLI's root logger shows WARNING and up without -v). Each engine is warmed
+    (TTS.warm: the vocoder's packing) before the server reports ready."""
+    from qtts.api import TTS
     from qtts.cli.serve import _load_engines
     from qtts.server.app import ServerState
     from qtts.server.settings import ServerSettings
 
-    args = build_parser().parse_args(["serve", "-m", tiny_snapshot(kind="custom_voice"), "--threads", "1"])
+    warmed = []
+    monkeypatch.setattr(TTS, "warm", lambda self: warmed.append(state.ready))
+    args = build_parser().parse_args(["serve", "-m", tiny_snapshot(kind="custom_voice"), "--threads", "1",
+                                      "--max-concurrency", "2"])  # fmt: skip
     state = ServerState(ServerSettings())
     with caplog.at_level(logging.INFO, logger="qtts.cli.serve"):
         _load_engines(args, state)
-    assert state.ready
+    assert state.ready and warmed == [False, False]
     ready = [r for r in caplog.records if "ready" in r.getMessage()]
     assert [r.levelno for r in ready] == [logging.INFO]
     out = capsys.readouterr().out
-    assert "loaded (1 engine(s)); ready (plan torch fp32 reference)" in out  # QTTS_PLAN=torch (conftest)
+    assert "loaded (2 engine(s)); ready (plan torch fp32 reference)" in out  # QTTS_PLAN=torch (conftest)
     state.shutdown()
 
 

@@ -220,6 +220,22 @@ def test_every_chunk_runs_packed_steps_and_the_linears_pack_the_declared_ones(de
         TorchVocoder(decoder, 129, precision="bf16")
 
 
+def test_warm_builds_and_packs_every_step_before_a_request(decoder):
+    """TorchVocoder.warm (what TTS.warm and the servers run before they report ready): every step
+    of its sizes built, its convolutions packed, and a stream then decodes the very bits of a
+    vocoder that packed on the way (the packs are the same); an fp32 vocoder has nothing to warm."""
+    warm, lazy = TorchVocoder(decoder, 8, precision="bf16"), TorchVocoder(decoder, 8, precision="bf16")
+    warm.warm()
+    assert sorted(warm._steps) == [1, 2, 4, 8]
+    assert all(len(c.packs) == (4 if c.can_pack else 0) for c in warm._steps[8].row_convs.values())
+    codes = random_codes(15, seed=9)
+    assert np.array_equal(stream_decode(warm.stream(), codes, first=1, chunk=8),
+                          stream_decode(lazy.stream(), codes, first=1, chunk=8))  # fmt: skip
+    fp32 = TorchVocoder(decoder, 8)
+    fp32.warm()
+    assert sorted(fp32._steps) == [8]
+
+
 def test_the_torch_vocoder_refuses_bad_precisions(decoder):
     with pytest.raises(InputError, match="valid: fp32, bf16"):
         TorchVocoder(decoder, 8, precision="int8")

@@ -106,6 +106,10 @@ class Vocoder(Protocol):
 
     def stream(self) -> VocoderStream: ...
 
+    def warm(self) -> None:
+        """Do now what a first request would otherwise pay for (build steps, pack weights):
+        :meth:`qtts.TTS.warm`, which the servers call before they report ready. By default nothing."""
+
 
 @dataclass
 class OpenContext:

@@ -174,6 +174,8 @@ def _load_engines(args, state) -> None:
                        for _ in range(k)]  # fmt: skip
         if args.aligner:  # named: loaded before "ready", a failure is the load error (else: qtts.server.routes.speech_words)
             (engines if batch > 1 else engines[0]).aligner  # noqa: B018
+        for engine in [engines] if batch > 1 else engines:
+            engine.warm()  # the first listener's audio as soon as the next one's
     except InputError as exc:  # one line, no traceback: --no-build with nothing cached, a bad --plan
         log.error("qtts: cannot load %s: %s", args.model, exc)
         state.set_load_error(str(exc))

@@ -104,6 +104,7 @@ class QttsReplica:
         self.config = RayConfig(**config)
         c = self.config
         self.engine = qtts.load(c.model, plan=c.plan, dtype=c.dtype, threads=c.threads, max_batch=c.max_batch)
+        self.engine.warm()  # the replica's first request as fast as the next
 
     def __serve_build_asgi_app__(self):
         from ray import serve
