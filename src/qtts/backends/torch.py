@@ -3,8 +3,8 @@
 * generation: :class:`TorchBackend` (static KV buffers: one talker cache per generation, one
   reused 17-slot predictor cache per thread, so concurrent generations do not interfere; fp32 or
   bf16 weights; embeddings cross the seam as float32 numpy);
-* vocoder: :class:`TorchVocoder` (the stateful :class:`~qtts.model.vocoder_step.VocoderStep`,
-  fp32, exact-size steps built lazily and shared by every stream) or :class:`TorchFullVocoder`
+* vocoder: :class:`TorchVocoder` (the stateful :class:`~qtts.model.vocoder_step.VocoderStep`: fp32
+  exact-size steps or bf16 packed ones, built lazily, shared by every stream) or :class:`TorchFullVocoder`
   (re-decodes the whole prefix: the exact reference, O(n^2));
 * encoders: :class:`TorchSpeakerEncoder` (numpy log-mel + ECAPA), :class:`TorchSpeechEncoder`.
 
@@ -26,6 +26,7 @@ try:  # this module is imported only when a plan names the torch runtime (qtts.b
 except ImportError as exc:  # a core-only install
     raise missing("torch", "torch", "the torch runtime", also=BUNDLE_HINT) from exc
 
+from ..model.vocoder_step_bf16 import VocoderStepBF16, step_sizes
 from .base import Backend, OpenContext, Vocoder, VocoderStream
 from .vocoder_step import StepContract, StepVocoder, rope_freqs
 
@@ -198,10 +199,9 @@ def _sample_rows(step_logits, code0: np.ndarray, samplers: list, uniforms: np.nd
 
 # ----------------------------------------------------------------------------- vocoder
 class TorchVocoder(StepVocoder):
-    """VocoderStep in torch: ``main``-frame steps, then one exact-size step for a remainder (bf16:
-    steps of :attr:`sizes`); nothing is padded. Steps are built lazily per size (or all at once:
-    :meth:`warm`), share the decoder weights and one set of folded constants, and serve every
-    stream (their state is explicit)."""
+    """VocoderStep in torch: ``main``-frame steps, then a remainder in one exact-size step (bf16: in
+    steps of :attr:`sizes`); nothing is padded. Steps, built lazily (or by :meth:`warm`), share the
+    decoder weights and the folded constants and serve every stream (their state is explicit)."""
 
     exact_remainder = True
 
@@ -209,9 +209,8 @@ class TorchVocoder(StepVocoder):
                  precision: str = "fp32"):  # fmt: skip
         """``stack_streams``: :meth:`run_batch` runs several streams' steps as one vectorized call
         (``torch.func.vmap``; equal to alone to fp32 rounding, not bitwise); else one by one.
-        ``precision``: "fp32" (:class:`~qtts.model.vocoder_step.VocoderStep`) or "bf16"
-        (:class:`~qtts.model.vocoder_step_bf16.VocoderStepBF16`, SnakeBeta from qtts.kernels
-        where the library is built)."""
+        ``precision``: "fp32" (:class:`~qtts.model.vocoder_step.VocoderStep`) or "bf16" (:class:`VocoderStepBF16`,
+        SnakeBeta from qtts.kernels where the library is built)."""
         self._torch = torch
         self.stack_streams = bool(stack_streams)
         if precision not in VOCODER_PRECISIONS:
@@ -221,18 +220,14 @@ class TorchVocoder(StepVocoder):
         self.precision = precision
         dtype = next(decoder.parameters()).dtype
         if dtype != self._torch.float32:
-            raise InputError(
-                f"the streaming vocoder step runs in float32 (its state is an fp32 tensor), but the "
-                f"decoder weights are {dtype}; load the speech tokenizer in float32 "
-                "(load_checkpoint(..., speech_tokenizer_dtype=torch.float32))"
-            )
+            raise InputError(f"the streaming vocoder step runs in float32 (its state is an fp32 tensor), but the decoder "
+                             f"weights are {dtype}; load the speech tokenizer in float32 "
+                             "(load_checkpoint(..., speech_tokenizer_dtype=torch.float32))")  # fmt: skip
         self.decoder = decoder.eval()
         self.threads = threads
         self._steps: dict = {}
         self._lock = threading.Lock()
         self._main = int(main)
-        from ..model.vocoder_step_bf16 import step_sizes
-
         #: bf16: main and the powers of two below it, each packed (step_sizes: no slow unpacked step)
         self.sizes = step_sizes(self._main) if precision == "bf16" else [self._main]
         probe = self.step(int(main))
@@ -242,9 +237,8 @@ class TorchVocoder(StepVocoder):
         )  # fmt: skip
 
     def warm(self) -> None:
-        """bf16: build every step of :attr:`sizes` and pack its weights now, by a silent decode of
-        one call per size (~2 s on the Zen 4 VM), so a first request starts as fast as the next
-        (first audio 761 ms cold against ~200 warm there); fp32 steps have nothing to pack."""
+        """bf16: build and pack every step of :attr:`sizes` now (a silent decode of one call per size,
+        ~2 s on the Zen 4 VM: first audio ~200 ms then, 761 cold); fp32 steps have nothing to pack."""
         if self.precision == "bf16":
             self.stream().decode(np.zeros((sum(self.sizes), self.contract.num_quantizers), dtype=np.int64))
 
@@ -259,7 +253,6 @@ class TorchVocoder(StepVocoder):
     def _new_step(self, size: int, like):
         if self.precision == "bf16":
             from ..kernels import snake_rows
-            from ..model.vocoder_step_bf16 import VocoderStepBF16
 
             # the convolutions packed for every size a chunk decodes in (self.sizes), the
             # pre-transformer's linears for the first frame's step and the main one
