@@ -148,6 +148,17 @@ def test_fixed_sizes_pad_remainders_without_corrupting_the_cache(tiny):
     assert snr_db(ref[: 150 * 1920], out) >= 100.0
 
 
+def test_warm_runs_every_compiled_size_once_and_leaves_streams_alone(tiny):
+    """StepVocoder.warm (TTS.warm, the servers before "ready"): one call of each size, no padded
+    step, and a stream decoded after it gives the audio of a fresh vocoder's stream."""
+    decoder, codes, ref, _ = tiny
+    voc = _TorchBackedFixed(decoder, [16, 4])
+    voc.warm()
+    assert voc.calls == [16, 4]
+    out = feed(StepStream(voc), codes[:20], [20])
+    assert snr_db(ref[: 20 * 1920], out) >= 100.0
+
+
 def test_full_decoder_streams_exactly(tiny):
     decoder, codes, ref, _ = tiny
     out = feed(TorchFullVocoder(decoder).stream(), codes[:90], [2, 8])

@@ -223,7 +223,7 @@ def test_every_chunk_runs_packed_steps_and_the_linears_pack_the_declared_ones(de
 def test_warm_builds_and_packs_every_step_before_a_request(decoder):
     """TorchVocoder.warm (what TTS.warm and the servers run before they report ready): every step
     of its sizes built, its convolutions packed, and a stream then decodes the very bits of a
-    vocoder that packed on the way (the packs are the same); an fp32 vocoder has nothing to warm."""
+    vocoder that packed on the way (the packs are the same); an fp32 one runs its one step size."""
     warm, lazy = TorchVocoder(decoder, 8, precision="bf16"), TorchVocoder(decoder, 8, precision="bf16")
     warm.warm()
     assert sorted(warm._steps) == [1, 2, 4, 8]

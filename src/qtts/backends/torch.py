@@ -236,12 +236,6 @@ class TorchVocoder(StepVocoder):
             probe.samples_per_frame, tuple(float(x) for x in probe.inv_freq()), decoder.config.num_quantizers,
         )  # fmt: skip
 
-    def warm(self) -> None:
-        """bf16: build and pack every step of :attr:`sizes` now (a silent decode of one call per size,
-        ~2 s on the Zen 4 VM: first audio ~200 ms then, 761 cold); fp32 steps have nothing to pack."""
-        if self.precision == "bf16":
-            self.stream().decode(np.zeros((sum(self.sizes), self.contract.num_quantizers), dtype=np.int64))
-
     def step(self, size: int):
         """The :class:`~qtts.model.vocoder_step.VocoderStep` of ``size`` frames (built once)."""
         with self._lock:
