@@ -51,9 +51,9 @@ def step_sizes(main: int) -> list[int]:
     Every chunk then decodes in steps of these sizes (``main`` while it fits, then the largest that
     fits: 7 frames = 4 + 2 + 1), each on weights packed for it. A step of any other size would run
     oneDNN's bf16 convolutions on unpacked weights, reordered on every call: measured on the Zen 4
-    VM (docs/history/performance.md, 2026-12-06), a 2-frame step cost 413 ms of CPU and a 4-frame one
-    450 ms against 80 and 136 packed (240 for 8 frames), stalling a stream after its first frame and
-    at every utterance's last frames."""
+    VM (docs/history/performance.md, 2026-12-06), a 2-frame step cost 384 ms of CPU and a 4-frame one
+    439 ms against 84 and 139 packed (231-243 for 8 frames), stalling a stream after its first frame
+    and at every utterance's last frames."""
     main = int(main)
     sizes = [main] + [1 << k for k in range(main.bit_length()) if (1 << k) < main]
     if main < 1 or len(sizes) > MAX_PACKS:
