@@ -1,7 +1,7 @@
 """VocoderBatcher: many streams' vocoder steps on one thread. Each stream's audio equals the same
-stream alone (bitwise with the default run_batch, for torch and onnx; SNR-bounded with torch's
-stacked steps); streams join and leave in the middle of another's call; a closed stream frees its
-place at once; first chunks go ahead of later ones."""
+stream alone (bitwise with the default run_batch, for torch fp32 and bf16 and onnx; SNR-bounded
+with torch's stacked steps); streams join and leave in the middle of another's call; a closed
+stream frees its place at once; first chunks go ahead of later ones."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def torch_steps(tiny_snapshot):
     from support.vocoder_fixtures import load_decoder
 
     return TorchVocoder(load_decoder(tiny_snapshot()), main=4)
+
+
+@pytest.fixture(scope="module")
+def bf16_steps(torch_steps):
+    """The bf16 vocoder of the default plans (steps of 8, 4, 2, 1 frames, packed)."""
+    from qtts.backends.torch import TorchVocoder
+
+    return TorchVocoder(torch_steps.decoder, main=8, precision="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +124,9 @@ def _jobs():
     return [(_codes(20 + 3 * i, seed=i), SCHEDULES[i]) for i in range(len(SCHEDULES))]
 
 
-@pytest.mark.parametrize("kind", ["torch", "onnx"])
-def test_batched_streams_equal_each_stream_alone_bitwise(kind, torch_steps, onnx_steps):
-    steps = torch_steps if kind == "torch" else onnx_steps
+@pytest.mark.parametrize("kind", ["torch", "bf16", "onnx"])
+def test_batched_streams_equal_each_stream_alone_bitwise(kind, torch_steps, bf16_steps, onnx_steps):
+    steps = {"torch": torch_steps, "bf16": bf16_steps, "onnx": onnx_steps}[kind]
     calls = []
     batcher = VocoderBatcher(steps, max_streams=4, observer=calls.append)
     jobs = _jobs()
