@@ -19,11 +19,23 @@ there (``MADV_COLLAPSE``, Linux >= 6.1) over the process's large anonymous mappi
 fully resident (so a sparse mapping, such as a thread stack, never grows). Measured on a 2-core Zen 4
 VM: talker and predictor about a third less CPU per frame, the whole frame -21 %, the same RSS
 (docs/performance.md, "2 MB pages for the weights"). ``QTTS_HUGE_PAGES=0`` turns it off.
+
+Where the process may run on exactly two CPUs, :func:`open` also picks a :class:`Placement` for a
+pipelined stream (``Components.placement``). ``TTS.stream`` generates on a thread of its own with
+onnxruntime's intra-op worker beside it while the caller's thread decodes: three busy threads on two
+CPUs, and the scheduler now and then hands the generation thread's CPU, the one every frame waits
+on, to the decoder. Placed, the generation thread runs alone on the first CPU; onnxruntime's talker
+and predictor workers and the decoding share the second. Measured on a 2-vCPU AMD Zen 4 VM: ~3-4 % of
+RTF (docs/performance.md, "Placement"); the audio is the same bits. Only with onnxruntime generation on
+one or two threads (torch's worker pool would inherit the generation thread's CPU) and one stream per
+engine (``max_batch`` 1); the decoding only with a one-thread vocoder (the bf16 step); one stream of the
+process at a time (a second one runs where the scheduler puts it). ``QTTS_PIN=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import logging
 import os
@@ -38,8 +50,8 @@ from ..errors import InputError
 from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, with_bf16_vocoder
 from .base import Backend, OpenContext, Vocoder
 
-__all__ = ["PARTS", "Backend", "Components", "LazyPart", "Vocoder", "advise_huge_pages", "default_threads",
-           "open"]  # fmt: skip
+__all__ = ["PARTS", "Backend", "Components", "LazyPart", "Placement", "Vocoder", "advise_huge_pages",
+           "default_threads", "open"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +69,10 @@ HUGE_PAGES_MIN_BYTES = 4 << 20
 #: only mappings at least this resident are collapsed (collapsing fills the holes of a mapping)
 HUGE_PAGES_MIN_RESIDENT = 0.9
 _pages_lock = threading.Lock()
+#: the switch of :class:`Placement` (0 / off / no / false: threads run where the scheduler puts them)
+PIN_ENV = "QTTS_PIN"
+_placed_lock = threading.Lock()
+_PLACED: list = []  # the one placed stream's Placement (the process's engines share its CPUs)
 
 
 def default_threads(config: ModelConfig) -> int:
@@ -83,6 +99,8 @@ class Components:
     #: streams stepped together by one engine (qtts.engine.batching); 1 = one generation per call, no thread
     max_batch: int = 1
     snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
+    #: which CPU a pipelined stream's threads run on (:class:`Placement`); None: anywhere
+    placement: Any = None
 
     @property
     def thread_safe(self) -> bool:
@@ -114,13 +132,15 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
     ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
+    if "generation" in want and backend is None:  # the CPUs of a pipelined stream's threads
+        ctx.placement = Placement.for_plan(plan, ctx.threads, ctx.max_batch)
     components = Components(
         config=config, tokenizer=TextTokenizer.from_dir(snapshot) if generates else None,
         backend=backend or (_generation(plan, ctx) if generates else None),
         vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
         speaker_encoder=_lazy_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
         speech_encoder=_lazy_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
-        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot,
+        plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot, placement=ctx.placement,
     )  # fmt: skip
     if any(plan.impl(name) == "onnx" for name in ("talker", "predictor", "vocoder")):
         advise_huge_pages()  # 2 MB pages for the weights onnxruntime prepacked (module docstring)
@@ -296,3 +316,67 @@ def _runtime(impl: str):
     else:
         raise InputError(f"unknown impl '{impl}'; valid: torch, onnx, rknn, qnn, executorch")
     return module
+
+
+class Placement:
+    """The two CPUs of a pipelined stream where the process has exactly two (module docstring):
+    ``generation`` for its generation thread alone, ``shared`` for onnxruntime's talker and predictor
+    workers and, with ``pin_decode`` (a one-thread vocoder: the bf16 step), the decoding thread."""
+
+    def __init__(self, generation: int, shared: int, pin_decode: bool):
+        self.generation, self.shared, self.pin_decode = int(generation), int(shared), bool(pin_decode)
+
+    @classmethod
+    def for_plan(cls, plan, threads: int, max_batch: int, cpus: list[int] | None = None) -> Placement | None:
+        """The placement of a model opened with ``plan`` (talker, predictor and vocoder specs),
+        ``threads`` intra-op threads and ``max_batch``; None where it does not apply (module doc)."""
+        cpus = sorted((os.sched_getaffinity(0) if sys.platform.startswith("linux") else ()) if cpus is None else cpus)
+        onnx = all(plan.impl(name) == "onnx" for name in ("talker", "predictor"))
+        off = os.environ.get(PIN_ENV, "").strip().lower() in ("0", "off", "no", "false")
+        if len(cpus) != 2 or not onnx or int(threads) not in (1, 2) or int(max_batch) > 1 or off:
+            return None
+        one_thread = int(plan.get("vocoder").options.get("threads", threads)) == 1
+        return cls(cpus[0], cpus[1], pin_decode=one_thread)
+
+    def worker_affinity(self, threads: int) -> str | None:
+        """onnxruntime's ``session.intra_op_thread_affinities`` for a session of ``threads``: its one
+        worker on the shared CPU (onnxruntime numbers processors from 1); None for other counts."""
+        return str(self.shared + 1) if int(threads) == 2 else None
+
+    def claim(self) -> bool:
+        """True when the calling stream is placed: no other stream of this process (any engine) is;
+        then :meth:`release`."""
+        with _placed_lock:
+            if _PLACED:
+                return False
+            _PLACED.append(self)
+            return True
+
+    def release(self) -> None:
+        with _placed_lock:
+            _PLACED.clear()
+
+    def pin_generation(self) -> None:
+        """The calling thread (a stream's generation thread, which ends with the stream) to its CPU."""
+        _pin({self.generation})
+
+    @contextlib.contextmanager
+    def decoding(self):
+        """The calling thread on the shared CPU while the block runs (a decode), its CPUs after."""
+        before = set(os.sched_getaffinity(0)) if self.pin_decode else set()
+        if self.shared not in before:  # not pinned, or the caller keeps itself off that CPU
+            yield
+            return
+        _pin({self.shared})
+        try:
+            yield
+        finally:
+            _pin(before)
+
+
+def _pin(cpus: set[int]) -> None:
+    """The calling thread's CPUs; a refusal (a container that changed its CPU set) is logged, not raised."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        log.debug("placement: CPUs %s refused (%s)", sorted(cpus), exc)

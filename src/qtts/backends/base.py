@@ -123,3 +123,5 @@ class OpenContext:
     cache: dict = field(default_factory=dict)
     #: streams one engine steps together (qtts.engine.batching); an onnx plan then opens its batch graphs
     max_batch: int = 1
+    #: which CPU a pipelined stream's threads run on (:class:`qtts.backends.Placement`); None: anywhere
+    placement: Any = None

@@ -1,14 +1,13 @@
 """The onnxruntime runtime: everything that runs an exported bundle, with no torch anywhere.
 
-* generation: :class:`OnnxBackend`. Embeddings are numpy tables (memory-mapped ``.npy``); the text
-  projection, talker and predictor are ONNX graphs (see :mod:`qtts.export.graphs`). Talker KV: one
-  preallocated ``[1, kv_heads, max_len, head_dim]`` OrtValue per layer and kind, bound as *both*
-  the past input and the present output of GroupQueryAttention (I/O binding), so each step writes
-  only its new slots in place. Predictor: the fused frame graph (15 steps and the sampling in one
-  run; host uniforms keep the loop's seeded random stream) or the per-step graph with a 17-slot
-  in-place cache, fetching only ``logits_j`` of each step.
-* vocoder: :class:`OnnxVocoder`, the ``main`` / ``first`` step graphs of ``qtts export vocoder``
-  (the step contract is read from the graph's metadata).
+* generation: :class:`OnnxBackend`. Embeddings are numpy tables (memory-mapped ``.npy``); the text projection,
+  talker and predictor are ONNX graphs (see :mod:`qtts.export.graphs`). Talker KV: one preallocated
+  ``[1, kv_heads, max_len, head_dim]`` OrtValue per layer and kind, bound as *both* the past input and the
+  present output of GroupQueryAttention (I/O binding), so each step writes only its new slots in place.
+  Predictor: the fused frame graph (15 steps and the sampling in one run; host uniforms keep the loop's
+  seeded random stream) or the per-step graph with a 17-slot in-place cache, fetching only ``logits_j``.
+* vocoder: :class:`OnnxVocoder`, the ``main`` / ``first`` step graphs of ``qtts export vocoder`` (the step
+  contract is read from the graph's metadata).
 * encoders: :class:`OnnxSpeakerEncoder` (numpy log-mel + graph), :class:`OnnxSpeechEncoder`.
 """
 
@@ -40,14 +39,14 @@ SPIN_US = 5  #: how long (us) an idle intra-op worker spins before it sleeps; QT
 SPIN_ENV = "QTTS_SPIN_US"
 
 
-def session_options(threads: int | None = None, spinning: bool = False):
+def session_options(threads: int | None = None, spinning: bool = False, affinity: str | None = None):
     """ORT session options used for every graph: full graph optimization, ``threads`` intra-op.
 
     Idle workers spin at most :data:`SPIN_US` us before they sleep (``spinning=True``: unbounded):
     waking a sleeping worker costs ~10 us a node of ~2200 per predictor frame, a long spin steals the
     cores from the next session and other processes (docs/performance.md, "Spinning": -4 % RTF
-    idle, +4 % beside a busy core). No memory
-    arena or patterns: the arena keeps every session's peak activations (+100 MB RSS, same RTF).
+    idle, +4 % beside a busy core). No memory arena or patterns: the arena keeps every session's
+    peak activations (+100 MB RSS, same RTF). ``affinity``: the workers' CPUs (qtts.backends.Placement).
     """
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -63,6 +62,8 @@ def session_options(threads: int | None = None, spinning: bool = False):
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0" if int(spin_us) == 0 else "1")
         so.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
+    if affinity:
+        so.add_session_config_entry("session.intra_op_thread_affinities", affinity)
     return so
 
 
@@ -121,8 +122,9 @@ def _resident(table):
 class OnnxBackend(Backend):
     """Talker + predictor in onnxruntime; implements :class:`~qtts.backends.base.Backend`."""
 
-    def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, spinning: bool = False):
-        """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest graph info."""
+    def __init__(self, artifacts: dict, meta: dict, threads: int | None = None, affinity: str | None = None):
+        """``artifacts``: absolute paths (talker, predictor, text_projection, tables); ``meta``: manifest
+        graph info; ``affinity``: the sessions' workers' CPUs (:class:`qtts.backends.Placement`)."""
         self.threads = threads
         self.meta = meta
         load = lambda key: load_table(artifacts[key])  # noqa: E731  (fp32, fp16 or int8 + scales: qtts.plans.plan)
@@ -131,11 +133,12 @@ class OnnxBackend(Backend):
         self.predictor_tables = _resident(load("predictor_codec_embedding"))
         self.rope_cos, self.rope_sin = load("rope_cos"), load("rope_sin")
         self.hidden_size = int(self.codec_table.shape[1])
-        self.text_proj = open_session(artifacts["text_projection"], threads, spinning)
-        self.talker_sess = open_session(artifacts["talker"], threads, spinning)
+        options = lambda: session_options(threads, False, affinity)  # noqa: E731
+        self.text_proj = open_session(artifacts["text_projection"], options=options())
+        self.talker_sess = open_session(artifacts["talker"], options=options())
         self.predictor_mode = meta["predictor"]["mode"]
         path, fused = artifacts["predictor"], any(meta["predictor"].get("kernels", {}).values())  # qtts.export.fuse
-        so = kernel_options(path, threads, None, True, spinning) if fused else session_options(threads, spinning)
+        so = kernel_options(path, threads, None, True) if fused else options()
         self.predictor_sess = open_session(path, options=so)
         self._pred_binding = None
 
@@ -163,8 +166,7 @@ class OnnxBackend(Backend):
         if max_len > len(self.rope_cos):
             raise InputError(f"max_len {max_len} exceeds the talker's {len(self.rope_cos)} positions")
         shape = (1, t["kv_heads"], max_len, t["head_dim"])
-        cos = np.ascontiguousarray(self.rope_cos[:max_len])
-        sin = np.ascontiguousarray(self.rope_sin[:max_len])
+        cos, sin = (np.ascontiguousarray(table[:max_len]) for table in (self.rope_cos, self.rope_sin))
         return KVBinding(self.talker_sess, t["layers"], shape, cos, sin, ["logits", "hidden"])
 
     def talker(self, embeds: np.ndarray, pos: int, state: KVBinding):
@@ -209,8 +211,7 @@ class OnnxBackend(Backend):
         p = self.meta["predictor"]
         if self._pred_binding is None:
             shape = (1, p["kv_heads"], p["max_len"], p["head_dim"])
-            cos = np.ascontiguousarray(self.rope_cos[: p["max_len"]])
-            sin = np.ascontiguousarray(self.rope_sin[: p["max_len"]])
+            cos, sin = (np.ascontiguousarray(table[: p["max_len"]]) for table in (self.rope_cos, self.rope_sin))
             self._pred_binding = KVBinding(self.predictor_sess, p["layers"], shape, cos, sin, [])
         binding = self._pred_binding
         h = np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1)
@@ -292,8 +293,7 @@ class SharedWeights:
         return so
 
 
-def kernel_options(path: str, threads: int | None, shared: SharedWeights | None = None, layers: bool = False,
-                   spinning: bool = False):  # fmt: skip
+def kernel_options(path: str, threads: int | None, shared: SharedWeights | None = None, layers: bool = False):
     """Session options with the compiled kernels of :mod:`qtts.kernels` where it has them (a vocoder
     step's SnakeBeta; with ``layers`` the predictor frame's DecoderLayer, on ``threads`` threads), else
     the graph's ``qtts.kernels`` function nodes are inlined to the plain ops (a plain export's output,
@@ -301,7 +301,7 @@ def kernel_options(path: str, threads: int | None, shared: SharedWeights | None 
     idle onnxruntime workers would hold the cores its threads need."""
     from ..kernels import register, set_layer_threads
 
-    so = shared.options(path, threads) if shared else session_options(threads, spinning and not layers)
+    so = shared.options(path, threads) if shared else session_options(threads)
     if register(so) and layers:
         set_layer_threads(int(threads or DEFAULT_THREADS))
     return so
@@ -382,7 +382,7 @@ def open_generation(talker_spec, predictor_spec, ctx: OpenContext) -> OnnxBacken
     artifacts = {k: os.path.join(bundle, v) for k, v in manifest["runtime_files"].items()}
     artifacts.update(talker=talker_spec.artifacts["main"], predictor=predictor_spec.artifacts["main"])
     threads = talker_spec.options.get("threads", ctx.threads)
-    return OnnxBackend(artifacts, dict(manifest["graphs"]), threads=threads)
+    return OnnxBackend(artifacts, dict(manifest["graphs"]), threads, ctx.placement and ctx.placement.worker_affinity(threads))
 
 
 def open_vocoder(spec, ctx: OpenContext) -> OnnxVocoder:

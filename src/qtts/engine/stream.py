@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -156,10 +157,12 @@ def chunk_frames_at(index: int, first: int, size: int) -> int:
 
 
 class Chunker:
-    """Groups frames by :func:`chunk_frames_at`: ``first`` frames, then doubling up to ``size``."""
+    """Groups frames by :func:`chunk_frames_at`: ``first`` frames, then doubling up to ``size``.
+    ``place``: a context every decode runs in (:meth:`qtts.backends.Placement.decoding`)."""
 
-    def __init__(self, vocoder, first: int, size: int):
+    def __init__(self, vocoder, first: int, size: int, place: Callable[[], Any] | None = None):
         self.vocoder, self.first, self.size = vocoder, first, size
+        self.place = place or contextlib.nullcontext
         self.pending: list[np.ndarray] = []
         self.start = 0
         self.emitted = 0
@@ -180,7 +183,8 @@ class Chunker:
         n = len(self.pending)
         codes = np.stack(self.pending).astype(np.int64) if n else np.zeros((0, NUM_CODEBOOKS), dtype=np.int64)
         if n:
-            samples = np.asarray(self.vocoder.decode(codes), dtype=np.float32)
+            with self.place():
+                samples = np.asarray(self.vocoder.decode(codes), dtype=np.float32)
         else:
             samples = np.zeros(0, dtype=np.float32)
         chunk = AudioChunk(samples=samples, frame_start=self.start, num_frames=n, codes=codes)

@@ -139,6 +139,8 @@ class Synthesis:
     def text(self, pieces, mode, options) -> Iterator[AudioChunk]:
         """``TTS.stream``'s body: the frames of every piece through :func:`~qtts.engine.stream.chunks`."""
         stats = StreamStats(pieces=len(pieces))
+        piped = options.pipeline and self.max_batch <= 1  # a batch engine's thread already generates ahead
+        placement = self.components.placement if piped else None  # qtts.backends.Placement
         chunker = Chunker(self.vocoder(mode.ref_codes if mode.icl else None), options.first_chunk_frames,
                           options.chunk_frames)  # fmt: skip
         batch = self.batch if options.pipeline else None  # a batched stream waits for its first decode too
@@ -146,6 +148,8 @@ class Synthesis:
         hold = None if batch is None else (options.first_chunk_frames, first_decoded)
 
         def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
+            if placed:
+                placement.pin_generation()
             for index, piece in enumerate(pieces):
                 prompt = build_prompt(self.config, self.components.tokenizer, piece, mode, options.non_streaming_text)
                 budget = options.max_frames or frame_budget(prompt.text_token_count,
@@ -158,14 +162,19 @@ class Synthesis:
                 if options.timestamps:
                     yield PieceEnd(piece)
 
-        if options.pipeline and self.max_batch <= 1:  # a batch engine's thread already generates ahead
-            source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
-        else:
-            source = frames(options.cancel)
+        placed = placement is not None and placement.claim()  # one placed stream at a time
         try:
+            if placed:
+                chunker.place = placement.decoding
+            if piped:
+                source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
+            else:
+                source = frames(options.cancel)
             yield from self.timed(chunks(source, chunker, stats, first_decoded=first_decoded), stats, mode, options)
         finally:
             release(chunker.vocoder)
+            if placed:
+                placement.release()
 
     def live(self, source, mode, options) -> Iterator[AudioChunk]:
         """``TTS.stream_text``'s body: the frames of every talker context a :class:`~qtts.text.live.TextFeed`
