@@ -9,6 +9,7 @@ audio of a placed stream is bit for bit the unplaced one. Speed is the benchmark
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -49,6 +50,19 @@ def test_applies_only_to_two_cpus_onnx_generation_one_stream_per_engine(monkeypa
     for off in ("0", "off", "No", "false"):
         monkeypatch.setenv(pl.PIN_ENV, off)
         assert Placement.for_plan(ONNX, threads=2, max_batch=1, cpus=[0, 1]) is None
+
+
+def test_not_with_the_compiled_predictor_layer_nor_a_plan_of_other_threads(tmp_path):
+    def plan(kernels: dict, threads: int = 2) -> Plan:
+        (tmp_path / "manifest.json").write_text(json.dumps({"graphs": {"predictor": {"kernels": kernels}}}))
+        main = {"main": str(tmp_path / "predictor.frame.int8.onnx")}
+        return Plan({**ONNX.components, "talker": ComponentSpec("talker", "onnx", options={"threads": threads}),
+                     "predictor": ComponentSpec("predictor", "onnx", artifacts=main)})  # fmt: skip
+
+    assert Placement.for_plan(plan({}), threads=2, max_batch=1, cpus=[0, 1]) is not None
+    # the DecoderLayer op starts its own threads on first use: from the placed generation thread, one CPU
+    assert Placement.for_plan(plan({"qtts.kernels::DecoderLayer": 75}), threads=2, max_batch=1, cpus=[0, 1]) is None
+    assert Placement.for_plan(plan({}, threads=4), threads=2, max_batch=1, cpus=[0, 1]) is None  # the plan's own
 
 
 def test_onnxruntime_pins_the_worker_to_the_shared_cpu(tmp_path):

@@ -27,9 +27,10 @@ CPUs, and the scheduler now and then hands the generation thread's CPU, the one 
 on, to the decoder. Placed, the generation thread runs alone on the first CPU; onnxruntime's talker
 and predictor workers and the decoding share the second. Measured on a 2-vCPU AMD Zen 4 VM: ~3-4 % of
 RTF (docs/performance.md, "Placement"); the audio is the same bits. Only with onnxruntime generation on
-one or two threads (torch's worker pool would inherit the generation thread's CPU) and one stream per
-engine (``max_batch`` 1); the decoding only with a one-thread vocoder (the bf16 step); one stream of the
-process at a time (a second one runs where the scheduler puts it). ``QTTS_PIN=0`` turns it off.
+one or two threads and without the compiled predictor layer (torch's worker pool and the layer op's
+threads would inherit the generation thread's CPU), one stream per engine (``max_batch`` 1); the
+decoding only with a one-thread vocoder (the bf16 step); one stream of the process at a time (a second
+one runs where the scheduler puts it). ``QTTS_PIN=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
-from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, with_bf16_vocoder
+from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, read_manifest, with_bf16_vocoder
 from .base import Backend, OpenContext, Vocoder
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Placement", "Vocoder", "advise_huge_pages",
@@ -99,8 +100,8 @@ class Components:
     #: streams stepped together by one engine (qtts.engine.batching); 1 = one generation per call, no thread
     max_batch: int = 1
     snapshot: str | None = None  # the checkpoint directory (None: built by hand); codes files name its codec
-    #: which CPU a pipelined stream's threads run on (:class:`Placement`); None: anywhere
-    placement: Any = None
+    #: which CPU a pipelined stream's threads run on; None: anywhere
+    placement: Placement | None = None
 
     @property
     def thread_safe(self) -> bool:
@@ -331,7 +332,8 @@ class Placement:
         """The placement of a model opened with ``plan`` (talker, predictor and vocoder specs),
         ``threads`` intra-op threads and ``max_batch``; None where it does not apply (module doc)."""
         cpus = sorted((os.sched_getaffinity(0) if sys.platform.startswith("linux") else ()) if cpus is None else cpus)
-        onnx = all(plan.impl(name) == "onnx" for name in ("talker", "predictor"))
+        onnx = all(plan.impl(name) == "onnx" for name in ("talker", "predictor")) and not _layer_op(plan)
+        threads = plan.get("talker").options.get("threads", threads)  # what open_generation gives onnxruntime
         off = os.environ.get(PIN_ENV, "").strip().lower() in ("0", "off", "no", "false")
         if len(cpus) != 2 or not onnx or int(threads) not in (1, 2) or int(max_batch) > 1 or off:
             return None
@@ -372,6 +374,16 @@ class Placement:
             yield
         finally:
             _pin(before)
+
+
+def _layer_op(plan: Plan) -> bool:
+    """True when the bundle's predictor runs the compiled DecoderLayer (``--predictor-kernels``), whose
+    threads start on first use and so would inherit the generation thread's one CPU."""
+    try:
+        graphs = read_manifest(os.path.dirname(plan.get("predictor").artifacts["main"]))["graphs"]
+    except (InputError, KeyError):
+        return False
+    return any(graphs.get("predictor", {}).get("kernels", {}).values())
 
 
 def _pin(cpus: set[int]) -> None:
