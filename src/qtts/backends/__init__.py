@@ -30,7 +30,8 @@ RTF (docs/performance.md, "Placement"); the audio is the same bits. Only with on
 one or two threads and without the compiled predictor layer (torch's worker pool and the layer op's
 threads would inherit the generation thread's CPU), one stream per engine (``max_batch`` 1); the
 decoding only with a one-thread vocoder (the bf16 step); one stream of the process at a time (a second
-one runs where the scheduler puts it). ``QTTS_PIN=0`` turns it off.
+one runs where the scheduler puts it). Processes do not see each other: two that stream at once on
+one two-CPU box would both put generation on the first CPU. ``QTTS_PIN=0`` turns it off.
 """
 
 from __future__ import annotations
