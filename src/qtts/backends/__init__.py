@@ -154,9 +154,14 @@ def huge_pages_enabled() -> bool:
     transparent huge pages are ``never``."""
     if not sys.platform.startswith("linux"):
         return False
-    if os.environ.get(HUGE_PAGES_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+    if _switched_off(HUGE_PAGES_ENV):
         return False
     return thp_mode() in ("always", "madvise")
+
+
+def _switched_off(env: str) -> bool:
+    """True when the switch ``env`` is 0 / off / no / false (any case, spaces ignored)."""
+    return os.environ.get(env, "").strip().lower() in ("0", "off", "no", "false")
 
 
 def thp_mode() -> str | None:
@@ -333,12 +338,13 @@ class Placement:
         """The placement of a model opened with ``plan`` (talker, predictor and vocoder specs),
         ``threads`` intra-op threads and ``max_batch``; None where it does not apply (module doc)."""
         cpus = sorted((os.sched_getaffinity(0) if sys.platform.startswith("linux") else ()) if cpus is None else cpus)
-        onnx = all(plan.impl(name) == "onnx" for name in ("talker", "predictor")) and not _layer_op(plan)
-        threads = plan.get("talker").options.get("threads", threads)  # what open_generation gives onnxruntime
-        off = os.environ.get(PIN_ENV, "").strip().lower() in ("0", "off", "no", "false")
-        if len(cpus) != 2 or not onnx or int(threads) not in (1, 2) or int(max_batch) > 1 or off:
+        if len(cpus) != 2 or int(max_batch) > 1 or _switched_off(PIN_ENV):
             return None
-        one_thread = int(plan.get("vocoder").options.get("threads", threads)) == 1
+        generation = plan.get("talker").options.get("threads", threads)  # what open_generation gives onnxruntime
+        onnx = all(plan.impl(name) == "onnx" for name in ("talker", "predictor"))
+        if not onnx or int(generation) not in (1, 2) or _layer_op(plan):
+            return None
+        one_thread = int(plan.get("vocoder").options.get("threads", threads)) == 1  # as open_vocoder reads it
         return cls(cpus[0], cpus[1], pin_decode=one_thread)
 
     def worker_affinity(self, threads: int) -> str | None:
@@ -378,8 +384,7 @@ class Placement:
 
 
 def _layer_op(plan: Plan) -> bool:
-    """True when the bundle's predictor runs the compiled DecoderLayer (``--predictor-kernels``), whose
-    threads start on first use and so would inherit the generation thread's one CPU."""
+    """True when the predictor runs the DecoderLayer op, whose threads would inherit generation's one CPU."""
     try:
         graphs = read_manifest(os.path.dirname(plan.get("predictor").artifacts["main"]))["graphs"]
     except (InputError, KeyError):

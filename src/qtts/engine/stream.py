@@ -157,12 +157,12 @@ def chunk_frames_at(index: int, first: int, size: int) -> int:
 
 
 class Chunker:
-    """Groups frames by :func:`chunk_frames_at`: ``first`` frames, then doubling up to ``size``.
-    ``place``: a context every decode runs in (:meth:`qtts.backends.Placement.decoding`)."""
+    """Groups frames by :func:`chunk_frames_at`: ``first`` frames, then doubling up to ``size``."""
 
-    def __init__(self, vocoder, first: int, size: int, place: Callable[[], Any] | None = None):
+    def __init__(self, vocoder, first: int, size: int):
         self.vocoder, self.first, self.size = vocoder, first, size
-        self.place = place or contextlib.nullcontext
+        #: the context every decode runs in (a placed stream: :meth:`qtts.backends.Placement.decoding`)
+        self.place: Callable[[], Any] = contextlib.nullcontext
         self.pending: list[np.ndarray] = []
         self.start = 0
         self.emitted = 0
