@@ -144,6 +144,7 @@ REAL_RUNS = {
         "groups / one call",
     ),
     "benchmarks/perf/vocoder_stack.py": (["--sizes", "1", "--streams", "1,2", "--repeats", "1"], "| 1 | 2 |"),
+    "benchmarks/perf/vocoder_int8_convs.py": (["--skip-speed", "--frames", "16"], "k7 int8 + rest bf16"),
 }
 
 
