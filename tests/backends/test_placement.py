@@ -11,9 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 
@@ -94,70 +91,13 @@ def test_onnxruntime_pins_the_worker_to_the_shared_cpu(tmp_path):
     assert {SHARED} in new  # two intra-op threads: the caller and one worker, on the shared CPU
 
 
-@pytest.fixture()
-def lock_dir(tmp_path, monkeypatch):
-    """The claims' lock files in a folder of this test (not the machine's temporary folder)."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return tmp_path
-
-
-def test_one_stream_of_the_process_is_placed_at_a_time(lock_dir):
+def test_one_stream_of_the_process_is_placed_at_a_time():
     a, b = Placement(GEN, SHARED, True), Placement(GEN, SHARED, True)  # two engines
     assert a.claim()
     assert not a.claim() and not b.claim()
     a.release()
     assert b.claim()
     b.release()
-
-
-#: another process that takes the claim's lock (argv: its path) and holds it until its stdin closes
-HOLDER = """import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT)
-try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-except OSError:
-    print("busy", flush=True)
-    sys.exit(0)
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
-def _other_process(path: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    proc.answer = proc.stdout.readline().strip()
-    return proc
-
-
-def _end(proc: subprocess.Popen) -> None:
-    proc.stdin.close()
-    proc.wait(timeout=30)
-
-
-def test_one_stream_on_these_cpus_across_processes(lock_dir):
-    """Two qtts processes on one two-CPU box: only one puts its generation on the first CPU."""
-    placement = Placement(GEN, SHARED, True)
-    path = str(lock_dir / f"qtts-placement-cpus-{GEN}-{SHARED}.lock")
-    assert placement.claim()
-    other = _other_process(path)
-    assert other.answer == "busy"  # this process's placed stream holds the CPUs
-    _end(other)
-    placement.release()
-    other = _other_process(path)
-    assert other.answer == "held"  # released: another process may place its stream
-    assert not placement.claim() and pl._PLACED == []  # ... and this one now runs unplaced
-    _end(other)
-    assert placement.claim()  # the other process is gone: its lock went with it
-    placement.release()
-
-
-def test_placed_without_a_lock_file_where_none_can_be_made(lock_dir):
-    (lock_dir / f"qtts-placement-cpus-{GEN}-{SHARED}.lock").mkdir()  # os.open fails: a folder is there
-    placement = Placement(GEN, SHARED, True)
-    assert placement.claim() and pl._PLACED == [(placement, None)]  # placed as before: best effort
-    assert not Placement(GEN, SHARED, True).claim()  # the process's own rule still holds
-    placement.release()
 
 
 def test_decoding_runs_on_the_shared_cpu_and_gives_the_callers_cpus_back():

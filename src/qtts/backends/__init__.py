@@ -21,16 +21,17 @@ VM: talker and predictor about a third less CPU per frame, the whole frame -21 %
 (docs/performance.md, "2 MB pages for the weights"). ``QTTS_HUGE_PAGES=0`` turns it off.
 
 Where the process may run on exactly two CPUs, :func:`open` also picks a :class:`Placement` for a
-pipelined stream (``Components.placement``): three busy threads (generation, onnxruntime's worker,
-the caller's decoding) on two CPUs, and the scheduler now and then hands the CPU every frame waits
-on to the decoder. Placed, the generation thread runs alone on the first CPU; onnxruntime's talker
-and predictor workers and the decoding share the second (2-vCPU AMD Zen 4 VM: ~3-4 % of RTF,
-docs/performance.md, "Placement"; the same audio bits). Only with onnxruntime generation on one or
-two threads and without the compiled predictor layer (torch's pool and the layer op's threads would
-inherit the generation thread's CPU), one stream per engine (``max_batch`` 1); the decoding only with
-a one-thread vocoder (the bf16 step). One stream on these CPUs at a time, in any process (a lock
-file in the temporary folder; a second stream runs where the scheduler puts it). ``QTTS_PIN=0``
-turns it off.
+pipelined stream (``Components.placement``). ``TTS.stream`` generates on a thread of its own with
+onnxruntime's intra-op worker beside it while the caller's thread decodes: three busy threads on two
+CPUs, and the scheduler now and then hands the generation thread's CPU, the one every frame waits
+on, to the decoder. Placed, the generation thread runs alone on the first CPU; onnxruntime's talker
+and predictor workers and the decoding share the second. Measured on a 2-vCPU AMD Zen 4 VM: ~3-4 % of
+RTF (docs/performance.md, "Placement"); the audio is the same bits. Only with onnxruntime generation on
+one or two threads and without the compiled predictor layer (torch's worker pool and the layer op's
+threads would inherit the generation thread's CPU), one stream per engine (``max_batch`` 1); the
+decoding only with a one-thread vocoder (the bf16 step); one stream of the process at a time (a second
+one runs where the scheduler puts it). Processes do not see each other: two that stream at once on
+one two-CPU box would both put generation on the first CPU. ``QTTS_PIN=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import ctypes
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +50,7 @@ from typing import Any
 from ..config import ModelConfig
 from ..errors import InputError
 from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, read_manifest, with_bf16_vocoder
-from .base import Backend, LazyPart, OpenContext, Vocoder
+from .base import Backend, OpenContext, Vocoder
 
 __all__ = ["PARTS", "Backend", "Components", "LazyPart", "Placement", "Vocoder", "advise_huge_pages",
            "default_threads", "open"]  # fmt: skip
@@ -74,7 +74,7 @@ _pages_lock = threading.Lock()
 #: the switch of :class:`Placement` (0 / off / no / false: threads run where the scheduler puts them)
 PIN_ENV = "QTTS_PIN"
 _placed_lock = threading.Lock()
-_PLACED: list = []  # the one placed stream's (Placement, lock descriptor) (the engines share the CPUs)
+_PLACED: list = []  # the one placed stream's Placement (the process's engines share its CPUs)
 
 
 def default_threads(config: ModelConfig) -> int:
@@ -150,7 +150,8 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
 
 
 def huge_pages_enabled() -> bool:
-    """False off Linux, when ``QTTS_HUGE_PAGES`` is 0 / off / no / false, or when THP is ``never``."""
+    """False off Linux, when ``QTTS_HUGE_PAGES`` is 0 / off / no / false, or when the kernel's
+    transparent huge pages are ``never``."""
     if not sys.platform.startswith("linux"):
         return False
     if _switched_off(HUGE_PAGES_ENV):
@@ -217,6 +218,26 @@ def advise_huge_pages(min_bytes: int = HUGE_PAGES_MIN_BYTES) -> int:
         return done
 
 
+class LazyPart:
+    """A part built on first use: the encoders, which only voice cloning needs (a full-size
+    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/history/performance.md). Attribute access
+    builds it once (thread-safe) and forwards; plan and artifact errors still surface at load."""
+
+    def __init__(self, build):
+        self._build, self._part, self._lock = build, None, threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._part is None:
+                self._part = self._build()
+        return self._part
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # our own fields before __init__ ran (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+
 def _wanted(parts) -> set:
     if parts is None:
         return set(PARTS)
@@ -257,8 +278,10 @@ def _generation(plan: Plan, ctx: OpenContext) -> Backend:
     talker, predictor = plan.get("talker"), plan.get("predictor")
     impls = {talker.impl, predictor.impl} - {"torch"} or {"torch"}
     if len(impls) != 1:
-        raise InputError(f"the plan mixes runtimes for talker and predictor ({', '.join(sorted(impls))}); "
-                         "use the same impl for both")  # fmt: skip
+        raise InputError(
+            f"the plan mixes runtimes for talker and predictor ({', '.join(sorted(impls))}); "
+            "use the same impl for both"
+        )
     impl = impls.pop()
     if impl == "onnx" and ctx.max_batch > 1:  # a batched engine: the bundle's batch graphs
         from .onnx_batch import open_generation
@@ -330,20 +353,16 @@ class Placement:
         return str(self.shared + 1) if int(threads) == 2 else None
 
     def claim(self) -> bool:
-        """True when the calling stream is placed: no other stream of this process (any engine) nor
-        of another process is on these CPUs (:func:`_cpu_lock`); then :meth:`release`."""
+        """True when the calling stream is placed: no other stream of this process (any engine) is;
+        then :meth:`release`."""
         with _placed_lock:
-            lock = None if _PLACED else _cpu_lock(self.generation, self.shared)
-            if _PLACED or lock is False:
+            if _PLACED:
                 return False
-            _PLACED.append((self, lock))
+            _PLACED.append(self)
             return True
 
     def release(self) -> None:
         with _placed_lock:
-            for _placement, lock in _PLACED:
-                if lock is not None:
-                    os.close(lock)  # the lock goes with its descriptor
             _PLACED.clear()
 
     def pin_generation(self) -> None:
@@ -371,25 +390,6 @@ def _layer_op(plan: Plan) -> bool:
     except (InputError, KeyError):
         return False
     return any(graphs.get("predictor", {}).get("kernels", {}).values())
-
-
-def _cpu_lock(generation: int, shared: int) -> int | bool | None:
-    """An exclusive ``flock`` on these CPUs for every process (a file in the temporary folder, dropped
-    with its descriptor or its process): the descriptor; False when held elsewhere; None: no file."""
-    import fcntl
-
-    path = os.path.join(tempfile.gettempdir(), f"qtts-placement-cpus-{generation}-{shared}.lock")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: another user's file opens too
-    except OSError as exc:
-        log.debug("placement: no lock file %s (%s); placed without one", path, exc)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    return fd
 
 
 def _pin(cpus: set[int]) -> None:

@@ -24,13 +24,10 @@ function ``open_part(spec, ctx) -> part`` (``generation`` gets the talker and pr
   utterance: ``decode(codes [n, 16]) -> float32 [n * 1920]``, state carried across calls.
 * **speaker encoder**: ``embed(wav_24k) -> [enc_dim]`` (x-vector of a Base checkpoint).
 * **speech encoder**: ``encode(wav_24k) -> [ceil(N / 1920), 16]`` int64 (ICL reference codes).
-
-The encoders are :class:`LazyPart` s: built on first use, as only cloning needs them.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -128,23 +125,3 @@ class OpenContext:
     max_batch: int = 1
     #: which CPU a pipelined stream's threads run on (:class:`qtts.backends.Placement`); None: anywhere
     placement: Any = None
-
-
-class LazyPart:
-    """A part built on first use: the encoders, which only voice cloning needs (a full-size
-    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/history/performance.md). Attribute access
-    builds it once (thread-safe) and forwards; plan and artifact errors still surface at load."""
-
-    def __init__(self, build):
-        self._build, self._part, self._lock = build, None, threading.Lock()
-
-    def get(self):
-        with self._lock:
-            if self._part is None:
-                self._part = self._build()
-        return self._part
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):  # our own fields before __init__ ran (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.get(), name)
