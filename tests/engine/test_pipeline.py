@@ -218,3 +218,19 @@ def test_bench_runs_each_plan_pipelined_and_serial(tiny_snapshot, tmp_path, caps
     assert rows[0]["other_ms"] is None and rows[1]["other_ms"] is not None
     for r in rows:
         assert r["frames"] == 5 and r["plan_peak_rss_mb"] > 0 and r["vocoder_ms"] > 0 and r["ttfa_ms"] > 0
+
+
+def test_bench_names_the_cpus_of_a_placed_stream(tiny_snapshot, monkeypatch):
+    """qtts bench's label says where a placed pipelined stream ran (qtts.backends.Placement)."""
+    import os
+
+    from qtts.backends import Placement
+    from qtts.tools.bench import BenchOptions, bench_plan
+
+    cpus = sorted(os.sched_getaffinity(0))
+    placed = Placement(cpus[0], cpus[-1], pin_decode=False)
+    monkeypatch.setattr(Placement, "for_plan", classmethod(lambda cls, *a, **k: placed))
+    opts = BenchOptions(frames=4, repeats=1, threads=1, pipeline=True)
+    assert bench_plan(tiny_snapshot(), None, opts)["label"].endswith(f"pipelined, CPUs {cpus[0]} | {cpus[-1]})")
+    serial = bench_plan(tiny_snapshot(), None, BenchOptions(frames=4, repeats=1, threads=1, pipeline=False))
+    assert serial["label"].endswith("serial)")  # one thread: nothing to place

@@ -222,6 +222,8 @@ def bench_plan(model: str, plan, opts: BenchOptions, label: str | None = None) -
     runs = [one_run(parts, opts.frames, opts) for _ in range(opts.repeats)]
     result = _median(runs)
     mode = f"{parts.config.tts_model_size}, {'pipelined' if opts.pipeline else 'serial'}"  # e.g. "0b6, pipelined"
+    if opts.pipeline and parts.placement is not None:  # qtts.backends.Placement: generation | workers, decoding
+        mode += f", CPUs {parts.placement.generation} | {parts.placement.shared}"
     voc = parts.plan.get("vocoder")
     if label and voc.impl == "torch" and parts.plan.path:  # chosen at load (qtts.plans.plan.with_bf16_vocoder)
         label = label.replace("vocoder fp32", f"vocoder {voc.precision or 'fp32'} (torch)")
