@@ -8,8 +8,9 @@ the convolutions' CPU, both on one checkpoint's decoder.
 Fidelity (emulated, fp32 arithmetic, offline decode of ``--frames`` random frames, seed 0, as
 ``qtts verify plan``'s bar): each chosen convolution's weights rounded to int8 per output channel
 (symmetric) and its input rounded to uint8 per 8-frame block (asymmetric, the scale a streaming
-step of 8 frames would compute at run time); "rest bf16" also rounds every other convolution's and
-linear layer's weights and inputs to bf16 (the product's bf16 step, approximately). Printed beside
+step of 8 frames would compute at run time); "rest bf16" also rounds the weights and inputs of every
+other layer the product's bf16 step runs in bf16 (all but the depthwise convolutions, pre_conv and
+the RVQ projections; sums stay fp32, so a little kinder than the step). Printed beside
 the bar (the decoder cast to bf16): waveform SNR, worst 170 ms segment, log-spectral distance
 (docs/fidelity.md). Random weights test the mechanism, not the real model's reaction to int8.
 
@@ -36,7 +37,7 @@ from qtts.export.vocoder_bar import offline_decode, random_codes
 
 K7 = r"decoder\.\d\.block\.[234]\.conv1\.conv"  # the dilated kernel-7 convolutions (~3.5 of 4.8 GFLOP)
 K1 = r"decoder\.\d\.block\.[234]\.conv2\.conv"
-KEEP_FP32 = r"decoder\.(6\.conv|\d\.block\.1\.conv)"  # the last convolution, the upsampling ones (fp32 in the product)
+KEEP_FP32 = r"upsample\.\d\.1\.dwconv\.conv"  # the depthwise convolutions: fp32 in the product's bf16 step
 LAYERS = (torch.nn.Conv1d, torch.nn.ConvTranspose1d, torch.nn.Linear)
 
 
