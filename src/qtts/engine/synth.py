@@ -146,6 +146,9 @@ class Synthesis:
         batch = self.batch if options.pipeline else None  # a batched stream waits for its first decode too
         first_decoded = batch.first_audio() if batch is not None else threading.Event()
         hold = None if batch is None else (options.first_chunk_frames, first_decoded)
+        placed = placement is not None and placement.claim()  # one placed stream at a time; released below
+        if placed:
+            chunker.place = placement.decoding
 
         def frames(cancel) -> Iterator[np.ndarray]:  # on the pipeline's worker thread when options.pipeline
             if placed:
@@ -162,10 +165,7 @@ class Synthesis:
                 if options.timestamps:
                     yield PieceEnd(piece)
 
-        placed = placement is not None and placement.claim()  # one placed stream at a time
         try:
-            if placed:
-                chunker.place = placement.decoding
             if piped:
                 source = run_ahead(frames, options.cancel, hold=(options.first_chunk_frames, first_decoded))
             else:
