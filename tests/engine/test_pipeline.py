@@ -233,4 +233,4 @@ def test_bench_names_the_cpus_of_a_placed_stream(tiny_snapshot, monkeypatch):
     opts = BenchOptions(frames=4, repeats=1, threads=1, pipeline=True)
     assert bench_plan(tiny_snapshot(), None, opts)["label"].endswith(f"pipelined, CPUs {cpus[0]} | {cpus[-1]})")
     serial = bench_plan(tiny_snapshot(), None, BenchOptions(frames=4, repeats=1, threads=1, pipeline=False))
-    assert serial["label"].endswith("serial)")  # one thread: nothing to place
+    assert serial["label"].endswith("serial)")  # serial: no pipeline, so no CPUs in the label
