@@ -122,8 +122,7 @@ def conv_pair(c: int, t: int, d: int) -> dict:
         return torch.ops.mkldnn._convolution_pointwise(rows.t()[None, :, None, :], packed, bf16_bias, [0, 0],
                                                        [1, 1], [1, d], 1, "none", [], "")  # fmt: skip
 
-    def int8(q=None, scale=0.05, zp=128):
-        q = torch.randint(0, 255, rows.shape, dtype=torch.uint8) if q is None else q
+    def int8(q, scale=0.05, zp=128):
         return torch.ops.onednn.qconv2d_pointwise(
             q.t()[None, :, None, :],
             scale,
