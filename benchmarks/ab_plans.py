@@ -35,7 +35,7 @@ from qtts.backends.onnx import SPIN_ENV
 from qtts.errors import InputError, QttsError
 from qtts.kernels import LAYER_SPIN_ENV, set_layer_threads
 from qtts.plans.plan import BF16_VOCODER_ENV
-from qtts.tools.bench import BenchOptions, one_run
+from qtts.tools.bench import BenchOptions, one_run, warm_up
 
 
 def main() -> None:
@@ -76,7 +76,7 @@ def main() -> None:
     for _name, parts, opts, env in variants:  # warm-up
         if per_run:
             _layer_settings(env, args.threads)
-        one_run(parts, 4, opts)
+        warm_up(parts, opts)
     rows: dict[str, list] = {}
     for i in range(args.runs):
         for name, parts, opts, env in variants if i % 2 == 0 else variants[::-1]:

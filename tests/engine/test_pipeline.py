@@ -234,3 +234,25 @@ def test_bench_names_the_cpus_of_a_placed_stream(tiny_snapshot, monkeypatch):
     assert bench_plan(tiny_snapshot(), None, opts)["label"].endswith(f"pipelined, CPUs {cpus[0]} | {cpus[-1]})")
     serial = bench_plan(tiny_snapshot(), None, BenchOptions(frames=4, repeats=1, threads=1, pipeline=False))
     assert serial["label"].endswith("serial)")  # serial: no pipeline, so no CPUs in the label
+
+
+def test_bench_warm_up_runs_every_step_size_before_the_measured_runs(tiny_snapshot):
+    """A measured run pays no first call (a bf16 step size's first call cost ~0.5 s on the Zen 4 VM,
+    enough to move a 64-frame run's RTF by ~0.2): qtts bench's warm-up runs every step size the runs
+    use, as a server's TTS.warm does before it reports ready."""
+    from qtts.backends import open as open_components
+    from qtts.backends.torch import TorchVocoder
+    from qtts.tools.bench import BenchOptions, one_run, warm_up
+
+    parts = open_components(tiny_snapshot(), plan=None, threads=1)
+    vocoder = TorchVocoder(parts.vocoder.decoder, 8, threads=1, precision="bf16")
+    sizes: list[int] = []
+    run = vocoder.run
+    vocoder.run = lambda size, *args: sizes.append(size) or run(size, *args)
+    parts = dataclasses.replace(parts, vocoder=vocoder)
+    opts = BenchOptions(frames=23, repeats=1, threads=1, pipeline=False)
+    warm_up(parts, opts)
+    warmed = set(sizes)
+    sizes.clear()
+    one_run(parts, 23, opts)  # chunks 1, 2, 4, 8, 8: steps of 8, 4, 2 and 1 frames
+    assert set(sizes) == {1, 2, 4, 8} and set(sizes) <= warmed
