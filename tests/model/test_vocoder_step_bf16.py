@@ -80,6 +80,20 @@ def test_polyphase_equals_the_transposed_conv(decoder):
             assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max().detach())), name
 
 
+def test_polyphase_moves_the_taps_the_plain_way_in_every_dtype():
+    """The pair-as-one-integer transposes give exactly the plain gather's tensor: fp32, bf16 (cast
+    first: the same as casting the fp32 result), float64 (the gather itself), odd widths."""
+    gen = torch.Generator().manual_seed(5)
+    for cin, cout, s in ((7, 5, 3), (96, 48, 4), (64, 33, 8)):
+        w = torch.randn(cin, cout, 2 * s, generator=gen)
+        plain = torch.stack([w[:, :, s:], w[:, :, :s]], dim=-1).permute(2, 1, 0, 3).reshape(s * cout, cin, 2)
+        assert torch.equal(polyphase(w, s), plain)
+        assert polyphase(w, s, BF16).dtype == BF16 and torch.equal(polyphase(w, s, BF16), plain.to(BF16))
+        assert torch.equal(polyphase(w.double(), s), plain.double())
+    with pytest.raises(ValueError, match="kernel == 2 \\* stride"):
+        polyphase(torch.zeros(2, 2, 5), 2)
+
+
 def _within_fp32_sums(y: torch.Tensor, x: torch.Tensor, conv) -> bool:
     """``y`` (bf16) is the exact convolution of the bf16 ``x`` rounded to bf16 once, give or take
     what fp32 sums of n = cin * k + 1 terms can round (|err| <= gamma_n * sum |w x| + half a bf16 step)."""
