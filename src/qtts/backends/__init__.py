@@ -7,31 +7,21 @@ the plan names (torch where it names none), into :class:`Components`, the way pi
 ``PiperVoice(config, session)``; :class:`qtts.TTS` takes the Components. Runtime modules are
 imported only when a plan names them: an ONNX plan never imports torch.
 
-The parts are built with the process resources they run on: intra-op threads
-(:func:`default_threads`) and 2 MB pages for the weights onnxruntime holds (Linux; best effort, never
-an error). onnxruntime prepacks every MatMulNBits weight (the talker's and predictor's 8- or 4-bit
-projections) into anonymous memory of its own. Where the kernel's transparent huge pages are
-``madvise``-only (a common default) that memory sits on 4 KB pages, because onnxruntime never asks
-for more, and a GEMV that streams ~0.5 GB of weights per step pays a TLB miss every 4 KB and a
-hardware prefetcher that stops at every page edge. Once an onnx plan's parts are built,
-:func:`advise_huge_pages` asks for 2 MB pages (``MADV_HUGEPAGE``) and collapses the pages already
-there (``MADV_COLLAPSE``, Linux >= 6.1) over the process's large anonymous mappings that are almost
-fully resident (so a sparse mapping, such as a thread stack, never grows). Measured on a 2-core Zen 4
-VM: talker and predictor about a third less CPU per frame, the whole frame -21 %, the same RSS
-(docs/performance.md, "2 MB pages for the weights"). ``QTTS_HUGE_PAGES=0`` turns it off.
+The parts are built with the process resources they run on: intra-op threads (:func:`default_threads`)
+and 2 MB pages for the weights onnxruntime holds (Linux; best effort). onnxruntime prepacks every
+MatMulNBits weight into anonymous memory, on 4 KB pages where transparent huge pages are ``madvise``-only
+(a common default): a GEMV streaming ~0.5 GB a step pays a TLB miss every 4 KB and a prefetcher stopping
+at every page edge. Once an onnx plan's parts are built, :func:`advise_huge_pages` asks for 2 MB pages and
+collapses the large, almost fully resident anonymous mappings now (Linux >= 6.1; a sparse one never grows).
+Zen 4 VM: the frame -21 %, the same RSS (docs/performance.md). ``QTTS_HUGE_PAGES=0`` turns it off.
 
-Where the process may run on exactly two CPUs, :func:`open` also picks a :class:`Placement` for a
-pipelined stream (``Components.placement``). ``TTS.stream`` generates on a thread of its own with
-onnxruntime's intra-op worker beside it while the caller's thread decodes: three busy threads on two
-CPUs, and the scheduler now and then hands the generation thread's CPU, the one every frame waits
-on, to the decoder. Placed, the generation thread runs alone on the first CPU; onnxruntime's talker
-and predictor workers and the decoding share the second. Measured on a 2-vCPU AMD Zen 4 VM: ~3-4 % of
-RTF (docs/performance.md, "Placement"); the audio is the same bits. Only with onnxruntime generation on
-one or two threads and without the compiled predictor layer (torch's worker pool and the layer op's
-threads would inherit the generation thread's CPU), one stream per engine (``max_batch`` 1); the
-decoding only with a one-thread vocoder (the bf16 step); one stream of the process at a time (a second
-one runs where the scheduler puts it). Processes do not see each other: two that stream at once on
-one two-CPU box would both put generation on the first CPU. ``QTTS_PIN=0`` turns it off.
+Where the process may run on exactly two CPUs, :func:`open` picks a :class:`Placement` for a pipelined
+stream: its generation thread alone on the first CPU, onnxruntime's workers and the decoding on the
+second, so the scheduler never hands the CPU every frame waits on to the decoder (Zen 4 VM: ~3-4 % of RTF,
+the same bits; docs/performance.md, "Placement"). Only with onnxruntime generation on one or two threads
+without the compiled predictor layer, one stream per engine (``max_batch`` 1), the decoding only with a
+one-thread vocoder (the bf16 step), one placed stream per process (two processes would both use the
+first CPU). ``QTTS_PIN=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -49,6 +39,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import InputError
+from ..plans import plan as _plans
 from ..plans.plan import Plan, check_plan_source, load_plan, names_torch, read_manifest, with_bf16_vocoder
 from .base import Backend, OpenContext, Vocoder
 
@@ -116,30 +107,31 @@ def open(model: str, plan=None, dtype: str = "float32", threads: int | None = No
 
     ``plan``: None (``$QTTS_PLAN``, else the default preset, built and cached when missing), ``"torch"``
     (the empty plan, no cache), a preset name, a path, a dict or a :class:`~qtts.plans.plan.Plan`
-    (:func:`qtts.plans.cache.resolve_plan`);
-    ``threads``: None picks
-    :func:`default_threads`; ``backend``: a prebuilt generation backend (injection, like
-    kokoro-onnx ``from_session``) used instead of the plan's talker and predictor; ``parts``: which
-    of :data:`PARTS` to build, None = all (the others are None: ``("vocoder",)`` loads no talker);
-    ``max_batch``: streams one engine steps together (an onnx plan opens its batch graphs).
-    """
+    (:func:`qtts.plans.cache.resolve_plan`); ``threads``: None picks :func:`default_threads`;
+    ``backend``: a prebuilt generation backend (injection, like kokoro-onnx ``from_session``) instead of
+    the plan's talker and predictor; ``parts``: which of :data:`PARTS` to build, None = all (the others
+    are None: ``("vocoder",)`` loads no talker); ``max_batch``: streams one engine steps together."""
     from ..text.tokenizer import TextTokenizer
 
     want = _wanted(parts)
     snapshot = snapshot_dir(model)
     config = ModelConfig.from_dir(snapshot)
-    plan = Plan() if names_torch(plan) else _resolved(plan, snapshot, dtype, backend)
+    plan, preset = (Plan(), None) if names_torch(plan) else _resolved(plan, snapshot, dtype, backend)
     if int(max_batch) < 1:
         raise InputError(f"max_batch must be >= 1, got {max_batch}")
     ctx = OpenContext(snapshot, config, dtype, threads or default_threads(config), max_batch=int(max_batch))
     clones = config.tts_model_type == "base"
     generates = "generation" in want or backend is not None
-    if "generation" in want and backend is None:  # the CPUs of a pipelined stream's threads
+    placed = "generation" in want and backend is None  # the CPUs of a pipelined stream's threads
+    ctx.placement = Placement.for_plan(plan, ctx.threads, ctx.max_batch) if placed else None
+    _import_torch_meanwhile(plan, preset)
+    generation = backend or (_generation(plan, ctx) if generates else None)
+    plan = with_bf16_vocoder(plan, preset)  # the talker and predictor are the bundle's either way
+    if ctx.placement is not None:  # where the decoding runs follows the vocoder chosen
         ctx.placement = Placement.for_plan(plan, ctx.threads, ctx.max_batch)
     components = Components(
         config=config, tokenizer=TextTokenizer.from_dir(snapshot) if generates else None,
-        backend=backend or (_generation(plan, ctx) if generates else None),
-        vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
+        backend=generation, vocoder=_part("vocoder", plan, ctx) if "vocoder" in want else None,
         speaker_encoder=_lazy_part("speaker_encoder", plan, ctx) if clones and "speaker_encoder" in want else None,
         speech_encoder=_lazy_part("speech_encoder", plan, ctx) if clones and "speech_encoder" in want else None,
         plan=plan, threads=ctx.threads, max_batch=ctx.max_batch, snapshot=snapshot, placement=ctx.placement,
@@ -166,7 +158,7 @@ def _switched_off(env: str) -> bool:
 
 def thp_mode() -> str | None:
     """The kernel's transparent huge page mode (always / madvise / never), None where unknown
-    (``builtins.open`` here and below: this module's :func:`open` builds parts)."""
+    (``builtins.open``: this module's :func:`open` builds parts)."""
     try:
         with builtins.open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as fh:
             text = fh.read()
@@ -198,8 +190,7 @@ def huge_page_candidates(min_bytes: int = HUGE_PAGES_MIN_BYTES,
 
 def advise_huge_pages(min_bytes: int = HUGE_PAGES_MIN_BYTES) -> int:
     """Ask for 2 MB pages over :func:`huge_page_candidates` and collapse them now; the bytes advised
-    (0 when :func:`huge_pages_enabled` is False or the kernel refuses). :func:`open` calls it once an
-    onnx plan's parts are built."""
+    (0 when :func:`huge_pages_enabled` is False or the kernel refuses)."""
     if not huge_pages_enabled():
         return 0
     with _pages_lock:
@@ -219,9 +210,8 @@ def advise_huge_pages(min_bytes: int = HUGE_PAGES_MIN_BYTES) -> int:
 
 
 class LazyPart:
-    """A part built on first use: the encoders, which only voice cloning needs (a full-size
-    0.6B checkpoint's ONNX encoders hold ~225 MB; docs/history/performance.md). Attribute access
-    builds it once (thread-safe) and forwards; plan and artifact errors still surface at load."""
+    """A part built on first use (the encoders, which only cloning needs: ~225 MB of ONNX at 0.6B).
+    Attribute access builds it once (thread-safe) and forwards; plan and artifact errors surface at load."""
 
     def __init__(self, build):
         self._build, self._part, self._lock = build, None, threading.Lock()
@@ -257,11 +247,9 @@ def snapshot_dir(model) -> str:
     return resolve_snapshot(model)
 
 
-def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
-    """Any plan but an explicit torch one, through the plan cache. None and preset names: this
-    checkpoint's cached bundle (built when missing), found by its fingerprint, so not checked again;
-    a plan the caller names is checked (its bundle must come from this checkpoint). A cached
-    bundle of a preset with the bf16 vocoder gets it where this machine runs it (``with_bf16_vocoder``)."""
+def _resolved(plan, snapshot: str, dtype: str, backend) -> tuple[Plan, str | None]:
+    """Any plan but an explicit torch one via the plan cache, and its bundle's preset (or None). None and
+    presets: this checkpoint's bundle, found by fingerprint (built when missing); a named plan is checked."""
     from ..plans.cache import ENV_PLAN, preset_name, read_info, resolve_plan
 
     named = plan if plan is not None else os.environ.get(ENV_PLAN) or None
@@ -269,8 +257,23 @@ def _resolved(plan, snapshot: str, dtype: str, backend) -> Plan:
     if resolved.path is not None and named is not None and preset_name(named) is None:
         check_plan_source(resolved, snapshot)
     if resolved.path is None:
-        return resolved
-    return with_bf16_vocoder(resolved, read_info(os.path.dirname(resolved.path)).get("preset"))
+        return resolved, None
+    return resolved, read_info(os.path.dirname(resolved.path)).get("preset")
+
+
+def _import_torch_meanwhile(plan: Plan, preset: str | None) -> None:
+    """Where the bf16 vocoder may be chosen, torch's ~1-1.5 s of imports on a thread while onnxruntime builds
+    the generation sessions (it releases the GIL): a cold load ~1 s sooner (Zen 4 VM). A failing import
+    fails again, with its error, where torch is next imported."""
+    if preset in _plans.BF16_VOCODER_PRESETS and plan.impl("vocoder") == "onnx" and _plans.bf16_vocoder_may_run_here():
+        threading.Thread(target=_import_torch, name="qtts-import-torch", daemon=True).start()
+
+
+def _import_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError) as exc:
+        log.debug("torch did not import in the background: %s", exc)
 
 
 def _generation(plan: Plan, ctx: OpenContext) -> Backend:
@@ -335,8 +338,7 @@ class Placement:
 
     @classmethod
     def for_plan(cls, plan, threads: int, max_batch: int, cpus: list[int] | None = None) -> Placement | None:
-        """The placement of a model opened with ``plan`` (talker, predictor and vocoder specs),
-        ``threads`` intra-op threads and ``max_batch``; None where it does not apply (module doc)."""
+        """The placement for ``plan``, ``threads`` and ``max_batch``; None where it does not apply."""
         cpus = sorted((os.sched_getaffinity(0) if sys.platform.startswith("linux") else ()) if cpus is None else cpus)
         if len(cpus) != 2 or int(max_batch) > 1 or _switched_off(PIN_ENV):
             return None
@@ -348,13 +350,11 @@ class Placement:
         return cls(cpus[0], cpus[1], pin_decode=one_thread)
 
     def worker_affinity(self, threads: int) -> str | None:
-        """onnxruntime's ``session.intra_op_thread_affinities`` for a session of ``threads``: its one
-        worker on the shared CPU (onnxruntime numbers processors from 1); None for other counts."""
+        """``session.intra_op_thread_affinities`` of a 2-thread session: its worker on the shared CPU (from 1)."""
         return str(self.shared + 1) if int(threads) == 2 else None
 
     def claim(self) -> bool:
-        """True when the calling stream is placed: no other stream of this process (any engine) is;
-        then :meth:`release`."""
+        """True when the calling stream is placed (no other stream of the process is); then :meth:`release`."""
         with _placed_lock:
             if _PLACED:
                 return False

@@ -188,10 +188,10 @@ BF16_VOCODER_PRESETS, BF16_VOCODER_ENV = ("fast", "fastest"), "QTTS_BF16_VOCODER
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def bf16_vocoder_runs_here() -> bool:
-    """True when the bf16 vocoder step runs natively: not switched off, torch installed, and oneDNN
-    has bf16 convolutions on this CPU (on Linux x86 read from /proc/cpuinfo first, so a CPU
-    without them never imports torch for the answer)."""
+def bf16_vocoder_may_run_here() -> bool:
+    """:func:`bf16_vocoder_runs_here` without importing torch: False where the answer is certainly no
+    (switched off, torch not installed, a Linux x86 CPU without bf16 instructions), else True (torch
+    still has to confirm)."""
     import importlib.util
 
     if os.environ.get(BF16_VOCODER_ENV, "").strip().lower() in ("0", "off", "no", "false"):
@@ -203,7 +203,14 @@ def bf16_vocoder_runs_here() -> bool:
             flags = next((line for line in fh if line.startswith("flags")), None)
     except OSError:
         flags = None
-    if flags is not None and not any(f in flags.split() for f in _BF16_FLAGS):
+    return flags is None or any(f in flags.split() for f in _BF16_FLAGS)
+
+
+def bf16_vocoder_runs_here() -> bool:
+    """True when the bf16 vocoder step runs natively: not switched off, torch installed, and oneDNN
+    has bf16 convolutions on this CPU (on Linux x86 read from /proc/cpuinfo first, so a CPU
+    without them never imports torch for the answer)."""
+    if not bf16_vocoder_may_run_here():
         return False
     import torch
 
