@@ -237,9 +237,9 @@ def test_bench_names_the_cpus_of_a_placed_stream(tiny_snapshot, monkeypatch):
 
 
 def test_bench_warm_up_runs_every_step_size_before_the_measured_runs(tiny_snapshot):
-    """A measured run pays no first call (a bf16 step size's first call cost ~0.5 s on the Zen 4 VM,
-    enough to move a 64-frame run's RTF by ~0.2): qtts bench's warm-up runs every step size the runs
-    use, as a server's TTS.warm does before it reports ready."""
+    """A measured run pays no first call (a bf16 step size's first call costs 0.25-0.4 s more on the Zen 4
+    VM: a 64-frame run's RTF +0.1 or more): qtts bench's warm-up runs every step size the runs use, as a
+    server's TTS.warm does before it reports ready."""
     from qtts.backends import open as open_components
     from qtts.backends.torch import TorchVocoder
     from qtts.tools.bench import BenchOptions, one_run, warm_up

@@ -164,8 +164,8 @@ def bench_voice(config) -> dict:
 
 def warm_up(parts, opts: BenchOptions) -> None:
     """What a server pays before it reports ready (:meth:`qtts.TTS.warm`: every vocoder step size built
-    and run once; the bf16 step's first call of a size costs ~0.5 s), then a short stream (sessions,
-    caches): the measured runs are the steady state, none of them pays a first call."""
+    and run once; the bf16 step's first call of a size costs 0.25-0.4 s more, Zen 4 VM), then a short
+    stream (sessions, caches): the measured runs are the steady state, none of them pays a first call."""
     if parts.vocoder is not None:
         parts.vocoder.warm()
     one_run(parts, 4, opts)
