@@ -113,6 +113,7 @@ def _engines(model: str, plan, k: int, opts: ConcurrencyOptions, one_mb: float) 
         return None
     engines = [_load(model, plan, max(1, opts.threads // k)) for _ in range(k)]
     for e in engines:
+        e.warm()  # every vocoder step size once, as a server before it is ready (qtts.tools.bench.warm_up)
         run_round([e], 1, opts, frames=4)  # warm-up
     return engines
 
@@ -122,6 +123,7 @@ def bench_concurrency(model: str, plan, opts: ConcurrencyOptions, label: str | N
     levels = tuple(int(k) for k in opts.levels)
     before = rss_mb()
     batched = _load(model, plan, opts.threads, max_batch=max(2, *levels))  # a batched engine even for --concurrency 1
+    batched.warm()  # every vocoder step size once, as a server before it is ready
     run_round([batched], 1, opts, frames=4)  # warm-up: sessions, caches, the engine thread
     one_mb = max(rss_mb() - before, 1.0)
     rows = []
