@@ -12,6 +12,9 @@
     .venv/bin/python benchmarks/ab_plans.py --model DIR --pipelined-only \
         --plan OLD/plan.json@QTTS_BF16_VOCODER=0,QTTS_SPIN_US=0 --plan fast
         # a plan opened under its own environment (here: an older bundle as that day's default ran it)
+    .venv/bin/python benchmarks/ab_plans.py --model DIR --plan fast --pipelined-only --silent-vocoder-too
+        # each pipelined variant also with a vocoder that costs nothing (silence of the right
+        # length): the ceiling any vocoder work could reach on this CPU
 
 Every plan is loaded once and warmed up; then the plans take turns (the order flips every round)
 generating ``--frames`` frames with streaming decode (the schedule of qtts.engine.stream.Chunker: 1, 2,
@@ -32,6 +35,7 @@ import numpy as np
 
 from qtts.backends import open as open_components
 from qtts.backends.onnx import SPIN_ENV
+from qtts.config import SAMPLES_PER_FRAME
 from qtts.errors import InputError, QttsError
 from qtts.kernels import LAYER_SPIN_ENV, set_layer_threads
 from qtts.plans.plan import BF16_VOCODER_ENV
@@ -53,6 +57,8 @@ def main() -> None:
                     help="threads of the pipelined talker / predictor; crossed with --vocoder-threads (default --threads)")
     ap.add_argument("--fp32-vocoder-too", action="store_true",
                     help="each plan also opened with QTTS_BF16_VOCODER=0: the bundle's fp32 ONNX vocoder")
+    ap.add_argument("--silent-vocoder-too", action="store_true",
+                    help="each pipelined variant also with a vocoder that decodes nothing (silence): the ceiling")
     ap.add_argument("--spin-us", type=int, nargs="+", default=[None],
                     help="each plan opened once per value of QTTS_SPIN_US (how long onnxruntime's idle workers spin, us)")
     args = ap.parse_args()
@@ -118,8 +124,10 @@ def _plan_variants(args, name: str, plan: str, serial: BenchOptions) -> list:
             if t not in opened:
                 opened[t] = open_components(args.model, plan=plan, threads=t)
         piped = dataclasses.replace(opened[gt], vocoder=opened[vt].vocoder)
-        out.append((f"{name} (pipelined, generation threads {gt}, vocoder threads {vt})", piped,
-                    dataclasses.replace(serial, pipeline=True)))  # fmt: skip
+        label, opts = f"{name} (pipelined, generation threads {gt}, vocoder threads {vt})", dataclasses.replace(serial, pipeline=True)
+        out.append((label, piped, opts))
+        if args.silent_vocoder_too:
+            out.append((label + " [silent vocoder]", dataclasses.replace(piped, vocoder=_Silent(piped.vocoder)), opts))
     return out
 
 
@@ -136,6 +144,31 @@ def _env(name: str, value: str | None):
             del os.environ[name]
         elif value is not None:
             os.environ[name] = old
+
+
+class _Silent:
+    """A vocoder whose streams return silence of the right length at once (warm-up and the rest
+    pass through to the real one): the pipeline as if decoding cost nothing."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def stream(self):
+        return _SilentStream(self._inner.stream())
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _SilentStream:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def decode(self, codes):
+        return np.zeros(len(codes) * SAMPLES_PER_FRAME, dtype=np.float32)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _splits(args) -> list[tuple[int, int]]:

@@ -3,7 +3,7 @@
 the convolutions' CPU, both on one checkpoint's decoder.
 
     PYTHONPATH=src .venv/bin/python benchmarks/perf/vocoder_int8_convs.py --model DIR [--frames 320]
-        [--skip-fidelity] [--skip-speed]
+        [--blocks 234 1234 ...] [--skip-fidelity] [--skip-speed]
 
 Fidelity (emulated, fp32 arithmetic, offline decode of ``--frames`` random frames, seed 0, as
 ``qtts verify plan``'s bar): each chosen convolution's weights rounded to int8 per output channel
@@ -12,12 +12,14 @@ step of 8 frames would compute at run time); "rest bf16" also rounds the weights
 other layer the product's bf16 step runs in bf16 (all but the depthwise convolutions, pre_conv and
 the RVQ projections; sums stay fp32, so a little kinder than the step). Printed beside
 the bar (the decoder cast to bf16): waveform SNR, worst 170 ms segment, log-spectral distance
-(docs/fidelity.md). Random weights test the mechanism, not the real model's reaction to int8.
+(docs/fidelity.md). ``--blocks`` adds a row per value: the k7 convolutions of those decoder blocks
+only (digits 1-4, the 768-, 384-, 192- and 96-channel blocks) in int8, the rest bf16. Random
+weights test the mechanism, not the real model's reaction to int8.
 
 Speed: the twelve dilated kernel-7 convolutions of an 8-frame step (rows layout, one thread), as
 the product's packed bf16 oneDNN convolution and as oneDNN's int8 convolution
 (``torch.ops.onednn.qconv2d_pointwise``, prepacked weights, fp32 out), with and without quantizing
-the input (torch ops). Name the CPU beside any figure.
+the input (torch ops), per block width and in all. Name the CPU beside any figure.
 """
 
 from __future__ import annotations
@@ -78,7 +80,14 @@ def variant(decoder, codes, pattern: str, weights=True, acts=True, rest_bf16=Fal
     return offline_decode(d, codes)
 
 
-def fidelity(decoder, frames: int) -> None:
+def k7_in(blocks: str) -> str:
+    """The k7 convolutions of the decoder blocks named by ``blocks`` (digits 1-4)."""
+    if not blocks or not set(blocks) <= set("1234"):
+        raise SystemExit(f"--blocks {blocks!r}: name decoder blocks by the digits 1-4, e.g. 234")
+    return rf"decoder\.[{blocks}]\.block\.[234]\.conv1\.conv"
+
+
+def fidelity(decoder, frames: int, blocks: list[str]) -> None:
     codes = random_codes(frames, 16, 2048)
     ref = offline_decode(decoder, codes)
     rows = [("bar: the decoder in bf16", lambda: offline_decode(decoder, codes, torch.bfloat16)),
@@ -88,6 +97,8 @@ def fidelity(decoder, frames: int) -> None:
             ("k7 int8", lambda: variant(decoder, codes, K7)),
             ("k7 int8 + rest bf16", lambda: variant(decoder, codes, K7, rest_bf16=True)),
             ("k7 and k1 int8", lambda: variant(decoder, codes, f"{K7}|{K1}"))]  # fmt: skip
+    rows += [(f"k7 int8 in blocks {b} + rest bf16", lambda b=b: variant(decoder, codes, k7_in(b), rest_bf16=True))
+             for b in blocks]  # fmt: skip
     print(f"fidelity against the fp32 offline decode, {frames} frames (random weights):")
     for label, fn in rows:
         m = audio_distances(ref, fn())
@@ -161,10 +172,16 @@ def speed() -> None:
     torch.set_num_threads(1)
     total: dict = {}
     print("the twelve k7 convolutions of an 8-frame step, CPU ms per 80 ms frame (one thread):")
-    for c, per_frame in ((768, 32), (384, 160), (192, 640), (96, 1920)):
+    for block, (c, per_frame) in enumerate(((768, 32), (384, 160), (192, 640), (96, 1920)), start=1):
+        row: dict = {}
         for d in (1, 3, 9):
             for k, v in conv_pair(c, 8 * per_frame, d).items():
+                row[k] = row.get(k, 0.0) + v / 8
                 total[k] = total.get(k, 0.0) + v / 8
+        print(
+            f"  block {block} ({c} channels): " + "  ".join(f"{k} {v:.2f} ms" for k, v in row.items()),
+            flush=True,
+        )
     for k, v in total.items():
         print(f"  {k:<16} {v:6.2f} ms  x{v / total['bf16']:.2f}")
 
@@ -173,15 +190,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--frames", type=int, default=320)
+    ap.add_argument(
+        "--blocks", nargs="*", default=[], help="a row per value: k7 int8 in these decoder blocks only"
+    )
     ap.add_argument("--skip-fidelity", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     args = ap.parse_args()
+    for b in args.blocks:
+        k7_in(b)
     print(f"loadavg {os.getloadavg()[0]:.2f}")
     if not args.skip_speed:
         speed()
     if not args.skip_fidelity:
         torch.set_num_threads(2)
-        fidelity(load_decoder(args.model), args.frames)
+        fidelity(load_decoder(args.model), args.frames, args.blocks)
 
 
 if __name__ == "__main__":

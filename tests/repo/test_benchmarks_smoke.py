@@ -130,8 +130,8 @@ def test_c_prototypes_compile():
 #: scripts that finish in seconds on a tiny checkpoint (torch plan, a few frames): run for real, one
 #: process; each must exit 0 and print the line it exists for (MODEL is the checkpoint's folder)
 REAL_RUNS = {
-    "benchmarks/ab_plans.py": (["--plan", "torch@QTTS_SPIN_US=0", "--pipelined-only", "--frames", "4", "--runs", "1"],
-                               "(pipelined, generation threads"),
+    "benchmarks/ab_plans.py": (["--plan", "torch@QTTS_SPIN_US=0", "--pipelined-only", "--frames", "4", "--runs", "1",
+                                "--silent-vocoder-too"], "threads 2) [silent vocoder]"),
     "benchmarks/bench_live.py": (
         ["--plan", "torch", "--rounds", "1", "--rates", "50", "--slow", "0", "--max-frames", "4"],
         "time to first audio, live 50 tok/s",
@@ -144,7 +144,8 @@ REAL_RUNS = {
         "groups / one call",
     ),
     "benchmarks/perf/vocoder_stack.py": (["--sizes", "1", "--streams", "1,2", "--repeats", "1"], "| 1 | 2 |"),
-    "benchmarks/perf/vocoder_int8_convs.py": (["--skip-speed", "--frames", "16"], "k7 int8 + rest bf16"),
+    "benchmarks/perf/vocoder_int8_convs.py": (["--skip-speed", "--frames", "16", "--blocks", "234"],
+                                              "k7 int8 in blocks 234 + rest bf16"),
 }
 
 
