@@ -264,8 +264,7 @@ def _resolved(plan, snapshot: str, dtype: str, backend) -> tuple[Plan, str | Non
 def _import_torch_meanwhile(plan: Plan, preset: str | None) -> None:
     """Where the bf16 vocoder may be chosen, torch's ~1-1.5 s of imports on a thread while onnxruntime builds
     the generation sessions (releasing the GIL): a cold load ~1 s sooner; a failed import fails again later."""
-    may = preset in _plans.BF16_VOCODER_PRESETS and plan.impl("vocoder") == "onnx"
-    if may and _plans.bf16_vocoder_may_run_here():
+    if _plans.bf16_vocoder_fits(plan, preset) and _plans.bf16_vocoder_may_run_here():
         threading.Thread(target=_import_torch, name="qtts-import-torch", daemon=True).start()
 
 

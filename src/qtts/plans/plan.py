@@ -217,12 +217,15 @@ def bf16_vocoder_runs_here() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def bf16_vocoder_fits(plan: Plan, preset: str | None) -> bool:
+    """True when ``plan``, the bundle of a :data:`BF16_VOCODER_PRESETS` preset, has the fp32 ONNX vocoder."""
+    return preset in BF16_VOCODER_PRESETS and plan.impl("vocoder") == "onnx"
+
+
 def with_bf16_vocoder(plan: Plan, preset: str | None) -> Plan:
-    """``plan`` (the bundle of ``preset``) with the bf16 vocoder step in place of its fp32 ONNX one,
-    where :data:`BF16_VOCODER_PRESETS` names the preset and :func:`bf16_vocoder_runs_here`; else
-    ``plan`` unchanged."""
-    spec = plan.get("vocoder")
-    if preset not in BF16_VOCODER_PRESETS or spec.impl != "onnx" or not bf16_vocoder_runs_here():
+    """``plan`` with the bf16 vocoder step in place of its fp32 ONNX one where :func:`bf16_vocoder_fits`
+    and :func:`bf16_vocoder_runs_here`; else ``plan`` unchanged."""
+    if not bf16_vocoder_fits(plan, preset) or not bf16_vocoder_runs_here():
         return plan
     bf16 = ComponentSpec("vocoder", "torch", options={"precision": "bf16", "main": 8, "threads": 1}, precision="bf16")
     log.info("vocoder: the bf16 step (torch, this CPU has bf16 instructions; %s=0 for the fp32 one)",
